@@ -1,0 +1,1 @@
+"""Benchmarks: workloads, methods, an interleaved runner, reports and plots."""

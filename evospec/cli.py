@@ -1,0 +1,168 @@
+"""The command line: the only place that parses arguments."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from evospec.config import DEFAULT_DTYPE, DTYPES, GenerationConfig, SamplingConfig
+from evospec.errors import EvospecError
+
+DEFAULTS = GenerationConfig()
+DEFAULT_SAMPLING = SamplingConfig()
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b-instruct"
+
+
+def _add_generation_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--k", type=int, default=DEFAULTS.num_speculative_tokens, help="draft length per round")
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens)
+    parser.add_argument("--dtype", choices=DTYPES, default=DEFAULT_DTYPE)
+
+
+def _generation_config(args: argparse.Namespace, **overrides) -> GenerationConfig:
+    sampling = SamplingConfig(
+        temperature=getattr(args, "temperature", DEFAULT_SAMPLING.temperature),
+        top_k=getattr(args, "top_k", DEFAULT_SAMPLING.top_k),
+        top_p=getattr(args, "top_p", DEFAULT_SAMPLING.top_p),
+        seed=getattr(args, "seed", DEFAULT_SAMPLING.seed),
+    )
+    return GenerationConfig(
+        max_new_tokens=args.max_new_tokens,
+        num_speculative_tokens=args.k,
+        stop=tuple(getattr(args, "stop", None) or ()),
+        sampling=sampling,
+        **overrides,
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from evospec.drafters.registry import build_drafter
+    from evospec.generation import TextGenerator
+    from evospec.models.loading import load_model
+
+    config = _generation_config(args)  # validate settings before loading GBs of weights
+    if len(args.drafter) > 1:
+        raise EvospecError("several --drafter values need a selector, which this version does not have yet")
+    target = load_model(args.target, args.dtype)
+    drafter = build_drafter(args.drafter[0], target, args.dtype)
+    generator = TextGenerator(target, drafter)
+    stream = generator.stream(args.prompt, config, chat=args.chat)
+    if args.json:
+        for _ in stream:
+            pass
+        print(json.dumps({
+            "text": stream.text, "token_ids": stream.token_ids,
+            "finish_reason": stream.finish_reason, "stats": stream.stats.to_dict(),
+        }))
+        return
+    for piece in stream:
+        print(piece, end="", flush=True)
+    print()
+    stats = stream.stats
+    rate = f", acceptance {stats.acceptance_rate:.2f}" if stats.acceptance_rate is not None else ""
+    print(f"[{stats.new_tokens} tokens, {stats.tokens_per_s:.2f} tokens/s, tau {stats.tau:.2f}{rate}]", file=sys.stderr)
+
+
+def cmd_pull(args: argparse.Namespace) -> None:
+    from evospec.models.zoo import pull
+
+    for alias in args.alias:
+        print(pull(alias))
+
+
+def cmd_models(args: argparse.Namespace) -> None:
+    from evospec.models.zoo import print_zoo
+
+    print_zoo()
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from evospec.bench.demo import run_demo
+
+    run_demo(args.target, [args.draft_model, "ngram"], args.prompts, _generation_config(args), args.dtype)
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    from evospec.bench.runner import BenchSettings, run_bench
+
+    settings = BenchSettings(
+        target=args.target,
+        draft_model=args.draft_model,
+        methods=tuple(args.method) if args.method else None,
+        per_category=args.per_category,
+        dtype=args.dtype,
+        generation=_generation_config(args),
+        out_dir=Path(args.out),
+        command="evospec " + shlex.join(sys.argv[1:]),
+    )
+    run_bench(settings)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="evospec", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    generate = commands.add_parser("generate", help="generate text from a prompt")
+    generate.add_argument("prompt")
+    generate.add_argument("--target", required=True, help="zoo alias, local directory, .gguf file or HF id")
+    generate.add_argument(
+        "--drafter", action="append", default=None,
+        help="none | ngram | lm:MODEL (or just MODEL); default none",
+    )
+    _add_generation_options(generate)
+    generate.add_argument("--temperature", type=float, default=DEFAULT_SAMPLING.temperature)
+    generate.add_argument("--top-k", type=int, default=DEFAULT_SAMPLING.top_k)
+    generate.add_argument("--top-p", type=float, default=DEFAULT_SAMPLING.top_p)
+    generate.add_argument("--seed", type=int, default=DEFAULT_SAMPLING.seed)
+    generate.add_argument("--stop", action="append", help="stop before this string (repeatable)")
+    generate.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    generate.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    generate.set_defaults(handler=cmd_generate)
+
+    pull = commands.add_parser("pull", help="download, verify and convert zoo models")
+    pull.add_argument("alias", nargs="+")
+    pull.set_defaults(handler=cmd_pull)
+
+    models = commands.add_parser("models", help="list the model zoo")
+    models.set_defaults(handler=cmd_models)
+
+    demo = commands.add_parser("demo", help="the default pair on a few Spec-Bench prompts, against plain decoding")
+    demo.add_argument("--target", default=DEFAULT_TARGET)
+    demo.add_argument("--draft-model", default=DEFAULT_DRAFT_MODEL)
+    demo.add_argument("--prompts", type=int, default=4, help="Spec-Bench prompts, from different categories")
+    _add_generation_options(demo)
+    demo.set_defaults(handler=cmd_demo, max_new_tokens=64)
+
+    bench = commands.add_parser("bench", help="interleaved benchmark on Spec-Bench (greedy, batch 1)")
+    bench.add_argument("--target", default=DEFAULT_TARGET)
+    bench.add_argument("--draft-model", default=DEFAULT_DRAFT_MODEL)
+    bench.add_argument("--method", action="append", help="a method to run (repeatable); default: all")
+    bench.add_argument("--per-category", type=int, default=5)
+    bench.add_argument("--out", default="benchmarks/latest", help="directory for results.json, results.md, plot")
+    _add_generation_options(bench)
+    bench.set_defaults(handler=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "drafter", "unset") is None:
+        args.drafter = ["none"]
+    try:
+        args.handler(args)
+    except EvospecError as error:
+        print(f"evospec: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("evospec: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

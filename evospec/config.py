@@ -1,0 +1,64 @@
+"""Frozen configuration values. Every default lives here, once."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from evospec.errors import EvospecError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the next token is chosen; applied identically to target (p) and drafter (q)."""
+
+    temperature: float = 0.0  # 0 means greedy
+    top_k: int = 0  # keep the k most likely tokens; 0 keeps all
+    top_p: float = 1.0  # keep the smallest set whose mass reaches top_p; 1 keeps all
+    seed: int = 0  # seeds the one generator that draws every sampled token
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise EvospecError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise EvospecError(f"top-k must be >= 0 (0 turns it off), got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise EvospecError(f"top-p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """One request: how much to generate, how far to speculate, when to stop."""
+
+    max_new_tokens: int = 128
+    num_speculative_tokens: int = 4  # k: tokens drafted per round
+    stop: tuple[str, ...] = ()  # generation ends before the first of these strings
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise EvospecError(f"max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.num_speculative_tokens < 1:
+            raise EvospecError(f"k (draft length) must be >= 1, got {self.num_speculative_tokens}")
+        if any(not s for s in self.stop):
+            raise EvospecError("stop strings must not be empty")
+
+
+DTYPES = ("bf16", "fp32")
+DEFAULT_DTYPE = "bf16"  # the fast dtype on AVX512-BF16 CPUs; fp32 where bit-exactness is the point
+
+
+@dataclass(frozen=True)
+class NgramConfig:
+    """Prompt-lookup drafting: continue the latest earlier occurrence of the context's suffix."""
+
+    max_ngram: int = 4  # longest suffix tried first
+    min_ngram: int = 1  # shortest suffix that still counts as a match
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.min_ngram <= self.max_ngram):
+            raise EvospecError(f"n-gram sizes need 1 <= min <= max, got {self.min_ngram}..{self.max_ngram}")

@@ -1,0 +1,7 @@
+"""Drafters: the protocol and each kind (`registry` builds them from command-line specs)."""
+
+from evospec.drafters.base import Drafter, empty_draft
+from evospec.drafters.ngram import NgramDrafter
+from evospec.drafters.small_lm import SmallLMDrafter
+
+__all__ = ["Drafter", "NgramDrafter", "SmallLMDrafter", "empty_draft"]

@@ -1,0 +1,55 @@
+"""The drafter registry: specs on the command line -> drafters.
+
+A drafter spec reads KIND or KIND:ARG (e.g. `ngram`, `lm:qwen2.5-coder-0.5b-instruct`); a spec that
+names no registered kind is taken as a model for the small-LM drafter (`qwen2.5-coder-0.5b-instruct`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from evospec.drafters.base import Drafter
+from evospec.drafters.ngram import NgramDrafter
+from evospec.drafters.small_lm import SmallLMDrafter
+from evospec.errors import EvospecError
+from evospec.models.loading import LoadedModel, load_model, same_tokenizer
+from evospec.target import CachedLM
+
+NO_DRAFTER = "none"
+
+
+def _build_ngram(arg: str | None, target: LoadedModel, dtype: str) -> Drafter:
+    if arg:
+        raise EvospecError(f"the ngram drafter takes no argument, got 'ngram:{arg}'")
+    return NgramDrafter()
+
+
+def _build_small_lm(arg: str | None, target: LoadedModel, dtype: str) -> Drafter:
+    if not arg:
+        raise EvospecError("the lm drafter needs a model: lm:ALIAS, lm:PATH or lm:HF_ID")
+    drafter_model = load_model(arg, dtype)
+    if not same_tokenizer(drafter_model.tokenizer, target.tokenizer):
+        raise EvospecError(
+            f"drafter '{drafter_model.name}' uses another tokenizer than target '{target.name}'; "
+            "a small-LM drafter must share the target's vocabulary"
+        )
+    return SmallLMDrafter(CachedLM(drafter_model.model), name=drafter_model.name)
+
+
+DRAFTERS: dict[str, Callable[[str | None, LoadedModel, str], Drafter]] = {
+    "ngram": _build_ngram,
+    "lm": _build_small_lm,
+}
+
+
+def build_drafter(spec: str, target: LoadedModel, dtype: str) -> Drafter | None:
+    """Build the drafter a spec names for this target; None for `none` (plain decoding)."""
+    spec = spec.strip()
+    if not spec:
+        raise EvospecError("empty drafter spec; use 'none', 'ngram' or a model (lm:MODEL)")
+    if spec == NO_DRAFTER:
+        return None
+    kind, _, arg = spec.partition(":")
+    if kind in DRAFTERS:
+        return DRAFTERS[kind](arg or None, target, dtype)
+    return _build_small_lm(spec, target, dtype)

@@ -1,0 +1,58 @@
+"""An independent small LM with its own KV cache."""
+
+from __future__ import annotations
+
+import torch
+
+from evospec.sampling import Sampler
+from evospec.target import CachedLM
+from evospec.types import Draft
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of a and b."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case, compared in C
+        return n
+    return next(i for i in range(n) if a[i] != b[i])
+
+
+class SmallLMDrafter:
+    """Drafts autoregressively with a small causal LM that shares the target's tokenizer.
+
+    Its cache holds `cached_ids`. Each round it keeps the part that agrees with the context (what was
+    accepted), trims the rest (what was rejected) and catches up on the tokens it did not draft.
+    """
+
+    def __init__(self, lm: CachedLM, name: str) -> None:
+        self.lm = lm
+        self.name = name
+        self.cached_ids: list[int] = []
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.lm.reset()
+        self.cached_ids = []
+
+    def propose(self, context: list[int], k: int, sampler: Sampler) -> Draft:
+        # Catch up: keep the agreeing prefix; always re-feed at least the last token to get its logits.
+        keep = min(common_prefix_length(self.cached_ids, context), len(context) - 1)
+        self.lm.trim(keep)
+        logits = self.lm.forward(context[keep:], num_logits=1)  # [1, V]
+        self.cached_ids = list(context)
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        for step in range(k):
+            if sampler.greedy:
+                token = int(logits[-1].argmax())
+            else:
+                q = sampler.probs(logits[-1:])  # [1, V]
+                token = int(sampler.sample(q))
+                probs.append(q[0])
+            tokens.append(token)
+            if step < k - 1:  # the last draft token is fed next round, if accepted
+                logits = self.lm.forward([token])
+                self.cached_ids.append(token)
+        return Draft(
+            tokens=torch.tensor(tokens, dtype=torch.long),
+            probs=torch.stack(probs) if probs else None,
+        )

@@ -1,0 +1,99 @@
+"""Text in, text out: prompts, chat templates, streaming detokenization and stop strings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from evospec.config import GenerationConfig
+from evospec.drafters import Drafter
+from evospec.engine import Engine
+from evospec.errors import EvospecError
+from evospec.models.loading import LoadedModel, context_length, eos_token_ids
+from evospec.stats import SpecStats
+from evospec.target import CachedLM
+
+
+class TextStream:
+    """One generation as an iterator of text pieces. Once iterated to the end, `text`, `token_ids`,
+    `finish_reason` ("stop": EOS or a stop string; "length": max_new_tokens or the context) and
+    `stats` describe the whole of it. A stop string ends the text and is not part of it."""
+
+    def __init__(self, generator: TextGenerator, prompt_ids: list[int], config: GenerationConfig) -> None:
+        self._generator = generator
+        self._prompt_ids = prompt_ids
+        self._config = config
+        self.text = ""
+        self.token_ids: list[int] = []  # generated ids, EOS included when generation ended on it
+        self.finish_reason = "length"
+        self.stats = SpecStats()
+
+    def __iter__(self) -> Iterator[str]:
+        engine = self._generator.engine
+        decode = self._generator.tokenizer.decode
+        stops = self._config.stop
+        hold = max((len(s) for s in stops), default=1) - 1  # a stop string may still be forming
+        tokens = engine.generate(self._prompt_ids, self._config, self.stats)
+        try:
+            for token in tokens:
+                self.token_ids.append(token)
+                text = decode(self.token_ids, skip_special_tokens=True)
+                cut = _first_stop(text, stops)
+                if cut is not None:
+                    self.finish_reason = "stop"
+                    yield from self._advance(text[:cut])
+                    return
+                if token in engine.eos_token_ids:
+                    self.finish_reason = "stop"
+                # A trailing U+FFFD is half a multi-byte character: wait for the rest.
+                yield from self._advance(text[: len(text.rstrip("\ufffd")) - hold])
+            yield from self._advance(decode(self.token_ids, skip_special_tokens=True))
+        finally:
+            tokens.close()
+
+    def _advance(self, text: str) -> Iterator[str]:
+        """Yield what text adds to what was yielded so far."""
+        if len(text) > len(self.text):
+            piece = text[len(self.text) :]
+            self.text = text
+            yield piece
+
+
+class TextGenerator:
+    """A loaded target and drafter behind a text interface."""
+
+    def __init__(self, target: LoadedModel, drafter: Drafter | None) -> None:
+        self.target = target
+        self.tokenizer = target.tokenizer
+        self.engine = Engine(CachedLM(target.model), drafter, eos_token_ids(target), context_length(target))
+
+    def stream(self, prompt: str, config: GenerationConfig, chat: bool = False) -> TextStream:
+        """Start a generation; iterate the result for text pieces."""
+        return TextStream(self, encode_prompt(self.target, prompt, chat), config)
+
+    def generate(self, prompt: str, config: GenerationConfig, chat: bool = False) -> TextStream:
+        """Generate to the end; the returned stream holds text, token ids, finish reason and stats."""
+        stream = self.stream(prompt, config, chat)
+        for _ in stream:
+            pass
+        return stream
+
+
+def encode_prompt(model: LoadedModel, prompt: str, chat: bool = False) -> list[int]:
+    """Prompt text -> token ids; with chat, as one user message under the model's chat template."""
+    if not prompt.strip():
+        raise EvospecError("the prompt is empty")
+    tokenizer = model.tokenizer
+    if chat:
+        if not tokenizer.chat_template:
+            raise EvospecError(f"model '{model.name}' has no chat template; drop --chat")
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        return tokenizer.encode(prompt, add_special_tokens=False)
+    return tokenizer.encode(prompt)
+
+
+def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    """Index where the earliest stop string begins in text, or None."""
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(found) if found else None

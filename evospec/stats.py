@@ -1,0 +1,81 @@
+"""Speculative-decoding counters, named as vLLM names them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from evospec.types import Draft, Verdict
+
+
+@dataclass
+class SpecStats:
+    """Counters of one or more generations; `merge` adds another's."""
+
+    num_drafts: int = 0  # rounds that drafted at least one token
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)  # [position] accepted count
+    num_verifications: int = 0  # target forwards after prefill (one per round)
+    new_tokens: int = 0  # tokens emitted to the caller
+    prompt_tokens: int = 0
+    prefill_s: float = 0.0
+    wall_s: float = 0.0  # prefill included
+
+    def record(self, draft: Draft, verdict: Verdict) -> None:
+        self.num_verifications += 1
+        if draft.size:
+            self.num_drafts += 1
+            self.num_draft_tokens += draft.size
+            self.num_accepted_tokens += verdict.num_accepted
+            self._grow(draft.size)
+            for position in range(verdict.num_accepted):
+                self.num_accepted_tokens_per_pos[position] += 1
+
+    def merge(self, other: SpecStats) -> None:
+        for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_verifications",
+                     "new_tokens", "prompt_tokens", "prefill_s", "wall_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self._grow(len(other.num_accepted_tokens_per_pos))
+        for position, count in enumerate(other.num_accepted_tokens_per_pos):
+            self.num_accepted_tokens_per_pos[position] += count
+
+    def _grow(self, positions: int) -> None:
+        missing = positions - len(self.num_accepted_tokens_per_pos)
+        self.num_accepted_tokens_per_pos.extend([0] * max(0, missing))
+
+    @property
+    def tau(self) -> float:
+        """Emitted tokens per target verification, bonus included (1.0 for plain decoding)."""
+        return self.new_tokens / self.num_verifications if self.num_verifications else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """vLLM's 1 + accepted / drafts, over rounds that drafted."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted tokens; None when nothing was drafted."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos),
+            "num_verifications": self.num_verifications,
+            "new_tokens": self.new_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "tau": self.tau,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "acceptance_rate": self.acceptance_rate,
+            "prefill_s": self.prefill_s,
+            "wall_s": self.wall_s,
+            "tokens_per_s": self.tokens_per_s,
+        }

@@ -1,0 +1,46 @@
+"""A causal LM with a trimmable KV cache: the target, and the small-LM drafter too."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+class CachedLM:
+    """Wraps any Hugging Face causal LM; the cache holds the first `length` tokens of one sequence.
+
+    forward() appends tokens to the cache and returns their logits; trim() drops tokens from the end,
+    which is how a rejected draft is forgotten.
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+        self.length = 0
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    def reset(self) -> None:
+        """Forget every cached token."""
+        self.cache = DynamicCache(config=self.model.config)
+        self.length = 0
+
+    @torch.inference_mode()
+    def forward(self, token_ids: Sequence[int], num_logits: int = 0) -> torch.Tensor:
+        """Append token_ids [n] to the cache -> logits [n, V] (the last num_logits rows only, if > 0)."""
+        input_ids = torch.tensor([list(token_ids)], dtype=torch.long)  # [1, n]
+        out = self.model(
+            input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=num_logits
+        )
+        self.length += input_ids.shape[1]
+        return out.logits[0]
+
+    def trim(self, length: int) -> None:
+        """Keep the first `length` cached tokens."""
+        if length < self.length:
+            self.cache.crop(length - self.length)  # crop takes the (negative) number of tokens to drop
+            self.length = length

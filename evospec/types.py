@@ -1,0 +1,31 @@
+"""Values passed between the engine, drafters and (later) learners and selectors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What a drafter proposes for one round."""
+
+    tokens: torch.Tensor  # [m] int64, m <= k: drafted token ids, in order
+    probs: torch.Tensor | None  # [m, V] float32: q at each drafted position; None: q is one-hot on tokens
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.numel())
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The target's judgement of one draft.
+
+    emitted = tokens[:num_accepted] of the draft + one token from the target: the recovered token at
+    the first rejection, or the bonus token after full acceptance.
+    """
+
+    num_accepted: int  # accepted draft tokens, 0..m
+    emitted: list[int]  # num_accepted + 1 token ids to append to the context

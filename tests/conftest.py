@@ -1,0 +1,57 @@
+"""Shared fixtures: tiny random models (seconds on a CPU) and the smallest real zoo model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+TINY_VOCAB = 96
+
+
+def tiny_model(seed: int, noise: float = 0.0, base: LlamaForCausalLM | None = None) -> LlamaForCausalLM:
+    """A random 2-layer Llama in fp32; with base, a copy of it whose weights are jittered by noise."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    if base is not None:
+        model.load_state_dict(base.state_dict())
+        with torch.no_grad():
+            for weight in model.parameters():
+                weight.add_(noise * torch.randn_like(weight) * weight.std())
+    return model.eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="session")
+def tiny_target() -> LlamaForCausalLM:
+    return tiny_model(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter(tiny_target) -> LlamaForCausalLM:
+    """Close to the target, so it is right often but not always."""
+    return tiny_model(seed=1, noise=0.3, base=tiny_target)
+
+
+def random_prompts(count: int, seed: int = 0) -> list[list[int]]:
+    """Prompts of random ids, some with repeats so that prompt lookup finds something."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts = []
+    for _ in range(count):
+        length = int(torch.randint(2, 24, (1,), generator=generator))
+        ids = torch.randint(0, TINY_VOCAB, (length,), generator=generator).tolist()
+        prompts.append(ids + ids[: length // 2])
+    return prompts
+
+
+def reference_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:
+    """The target's own greedy decoding, by Hugging Face generate."""
+    output = model.generate(
+        torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+        do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=0,
+    )
+    return output[0, len(prompt_ids):].tolist()

@@ -1,0 +1,107 @@
+"""Lossless: the engine's greedy output equals the target's own greedy decoding (fp32)."""
+
+from __future__ import annotations
+
+import pytest
+
+from evospec.config import GenerationConfig, SamplingConfig
+from evospec.drafters import NgramDrafter, SmallLMDrafter
+from evospec.engine import Engine
+from evospec.errors import EvospecError
+from evospec.stats import SpecStats
+from evospec.target import CachedLM
+
+from conftest import random_prompts, reference_greedy
+
+MAX_NEW = 24
+DRAFTERS = ["none", "self", "noisy-lm", "ngram"]
+
+
+def make_drafter(kind: str, target_model, drafter_model):
+    return {
+        "none": lambda: None,
+        "self": lambda: SmallLMDrafter(CachedLM(target_model), "self"),
+        "noisy-lm": lambda: SmallLMDrafter(CachedLM(drafter_model), "noisy"),
+        "ngram": lambda: NgramDrafter(),
+    }[kind]()
+
+
+def run(engine: Engine, prompt: list[int], config: GenerationConfig) -> tuple[list[int], SpecStats]:
+    stats = SpecStats()
+    return list(engine.generate(prompt, config, stats)), stats
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(tiny_target) -> dict[tuple[int, ...], list[int]]:
+    return {tuple(prompt): reference_greedy(tiny_target, prompt, MAX_NEW) for prompt in random_prompts(20)}
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("drafter_kind", DRAFTERS)
+def test_greedy_equals_plain_decoding(tiny_target, tiny_drafter, plain_outputs, drafter_kind, k):
+    drafter = make_drafter(drafter_kind, tiny_target, tiny_drafter)
+    engine = Engine(CachedLM(tiny_target), drafter, eos_token_ids=frozenset(), context_length=256)
+    config = GenerationConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=k)
+    for prompt, expected in plain_outputs.items():
+        tokens, stats = run(engine, list(prompt), config)
+        assert tokens == expected, f"prompt {prompt}"
+        assert stats.new_tokens == MAX_NEW
+        if drafter_kind == "self":  # a model drafting for itself is always right
+            assert stats.num_accepted_tokens == stats.num_draft_tokens
+
+
+def test_self_drafting_emits_k_plus_one_per_round(tiny_target):
+    engine = Engine(CachedLM(tiny_target), SmallLMDrafter(CachedLM(tiny_target), "self"), frozenset(), 256)
+    _, stats = run(engine, [1, 2, 3], GenerationConfig(max_new_tokens=25, num_speculative_tokens=4))
+    assert stats.num_verifications == 5 and stats.tau == 5.0
+    assert stats.num_accepted_tokens_per_pos == [5, 5, 5, 5]
+
+
+def test_stops_at_eos_and_yields_it(tiny_target, tiny_drafter):
+    prompt = random_prompts(1, seed=3)[0]
+    plain = reference_greedy(tiny_target, prompt, MAX_NEW)
+    eos = plain[5]
+    expected = plain[: plain.index(eos) + 1]
+    for drafter in (None, SmallLMDrafter(CachedLM(tiny_drafter), "noisy"), NgramDrafter()):
+        engine = Engine(CachedLM(tiny_target), drafter, frozenset({eos}), 256)
+        tokens, stats = run(engine, prompt, GenerationConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=4))
+        assert tokens == expected
+        assert stats.new_tokens == len(expected)
+
+
+def test_stops_when_the_context_is_full(tiny_target):
+    engine = Engine(CachedLM(tiny_target), NgramDrafter(), frozenset(), context_length=20)
+    tokens, _ = run(engine, list(range(15)), GenerationConfig(max_new_tokens=50, num_speculative_tokens=8))
+    assert tokens == reference_greedy(tiny_target, list(range(15)), 5)
+
+
+def test_early_close_leaves_a_consistent_cache(tiny_target, tiny_drafter):
+    target = CachedLM(tiny_target)
+    engine = Engine(target, SmallLMDrafter(CachedLM(tiny_drafter), "noisy"), frozenset(), 256)
+    prompt = [5, 6, 7, 8]
+    tokens = engine.generate(prompt, GenerationConfig(max_new_tokens=30), SpecStats())
+    taken = [next(tokens) for _ in range(7)]
+    tokens.close()
+    assert target.length == len(prompt) + len(taken) - 1
+    # and the next request is unaffected
+    again, _ = run(engine, prompt, GenerationConfig(max_new_tokens=MAX_NEW))
+    assert again == reference_greedy(tiny_target, prompt, MAX_NEW)
+
+
+def test_sampling_is_seeded(tiny_target, tiny_drafter):
+    engine = Engine(CachedLM(tiny_target), SmallLMDrafter(CachedLM(tiny_drafter), "noisy"), frozenset(), 256)
+    config = GenerationConfig(max_new_tokens=20, sampling=SamplingConfig(temperature=0.8, top_p=0.9, seed=7))
+    first, stats = run(engine, [1, 2, 3], config)
+    second, _ = run(engine, [1, 2, 3], config)
+    assert first == second and len(first) == 20
+    assert stats.num_draft_tokens > 0
+
+
+@pytest.mark.parametrize(
+    "prompt, message",
+    [([], "empty"), (list(range(300)), "context")],
+)
+def test_bad_prompts_are_clear_errors(tiny_target, prompt, message):
+    engine = Engine(CachedLM(tiny_target), None, frozenset(), context_length=256)
+    with pytest.raises(EvospecError, match=message):
+        run(engine, prompt, GenerationConfig())
