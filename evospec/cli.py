@@ -76,9 +76,17 @@ def cmd_pull(args: argparse.Namespace) -> None:
 
 
 def cmd_models(args: argparse.Namespace) -> None:
-    from evospec.models.zoo import print_zoo
+    from rich.console import Console
+    from rich.table import Table
 
-    print_zoo()
+    from evospec.models.zoo import list_zoo
+
+    table = Table("alias", "GGUF size", "pulled", "licence", "upstream")
+    for status in list_zoo():
+        entry = status.entry
+        table.add_row(entry.alias, f"{entry.size / 2**20:.0f} MiB", "yes" if status.pulled else "no",
+                      entry.licence, entry.upstream)
+    Console().print(table)
 
 
 def cmd_demo(args: argparse.Namespace) -> None:

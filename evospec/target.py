@@ -29,15 +29,24 @@ class CachedLM:
         self.cache = DynamicCache(config=self.model.config)
         self.length = 0
 
-    @torch.inference_mode()
     def forward(self, token_ids: Sequence[int], num_logits: int = 0) -> torch.Tensor:
         """Append token_ids [n] to the cache -> logits [n, V] (the last num_logits rows only, if > 0)."""
+        return self._forward(token_ids, num_logits, hidden_states=False).logits[0]
+
+    def forward_with_hidden(self, token_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like forward, for drafters that read the model's features -> (logits [n, V], final hidden states [n, H])."""
+        out = self._forward(token_ids, 0, hidden_states=True)
+        return out.logits[0], out.hidden_states[-1][0]
+
+    @torch.inference_mode()
+    def _forward(self, token_ids: Sequence[int], num_logits: int, hidden_states: bool):
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long)  # [1, n]
         out = self.model(
-            input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=num_logits
+            input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=num_logits,
+            output_hidden_states=hidden_states,
         )
         self.length += input_ids.shape[1]
-        return out.logits[0]
+        return out
 
     def trim(self, length: int) -> None:
         """Keep the first `length` cached tokens."""

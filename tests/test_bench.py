@@ -1,0 +1,38 @@
+"""The benchmark and demo run end to end on the smallest real model and write the agreed shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evospec.bench.runner import BenchSettings, run_bench
+from evospec.bench.workloads import MT_BENCH, spec_bench
+from evospec.config import GenerationConfig
+
+SMOL = "smollm2-135m-instruct"
+FIELDS = {"tokens_per_s", "tau", "acceptance_rate", "speedup_vs_plain", "rounds", "new_tokens", "wall_s", "learn_s"}
+
+
+def test_spec_bench_has_six_categories_and_takes_mt_bench_round_robin():
+    prompts = spec_bench(2)
+    assert [p.category for p in prompts][::2] == [MT_BENCH, "translation", "summarization", "qa", "math_reasoning", "rag"]
+    assert len({p.id for p in prompts}) == 12
+
+
+@pytest.mark.slow
+def test_bench_writes_results_in_the_agreed_shape(tmp_path: Path):
+    settings = BenchSettings(
+        target=SMOL, draft_model=SMOL, methods=None, per_category=1, dtype="bf16",
+        generation=GenerationConfig(max_new_tokens=8), out_dir=tmp_path, command="evospec bench (test)",
+    )
+    run_bench(settings)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results["methods"]) == {"hf-plain", f"hf-assisted:{SMOL}", "evospec-plain", f"evospec:{SMOL}", "evospec:ngram"}
+    for method in results["methods"].values():
+        assert FIELDS <= set(method)
+        assert len(method["per_category"]) == 6 and method["new_tokens"] > 0
+    assert results["methods"]["evospec-plain"]["speedup_vs_plain"] == 1.0
+    assert (tmp_path / "results.md").read_text().count("|") > 20
+    assert (tmp_path / "speedup.png").stat().st_size > 1000

@@ -1,0 +1,80 @@
+"""The command line: bad input is one clear line on stderr and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from evospec.cli import main
+
+SMOL = "smollm2-135m-instruct"
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "hi", "--target", "no-such-model"], "not a zoo alias"),
+        (["generate", "hi", "--target", SMOL, "--k", "0"], "k"),
+        (["generate", "hi", "--target", SMOL, "--temperature", "-1"], "temperature"),
+        (["generate", "hi", "--target", SMOL, "--top-p", "0"], "top-p"),
+        (["generate", "hi", "--target", SMOL, "--top-p", "1.5"], "top-p"),
+        (["generate", "hi", "--target", SMOL, "--max-new-tokens", "0"], "max-new-tokens"),
+        (["pull", "no-such-model"], "unknown model alias"),
+        (["bench", "--per-category", "0"], "per-category"),
+    ],
+)
+def test_bad_settings_fail_before_loading_anything(capsys, argv, message):
+    status, out, err = run_cli(capsys, *argv)
+    assert status == 2 and message in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "   ", "--target", SMOL], "prompt is empty"),
+        (["generate", "word " * 9000, "--target", SMOL], "context holds"),
+        (["generate", "hi", "--target", SMOL, "--drafter", "no-such-drafter"], "unknown drafter"),
+        (["generate", "hi", "--target", SMOL, "--drafter", "ngram:3"], "takes no argument"),
+    ],
+)
+def test_bad_input_with_a_real_model(capsys, argv, message):
+    status, out, err = run_cli(capsys, *argv)
+    assert status == 2 and message in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_drafter_with_another_tokenizer_is_refused(capsys, foreign_tokenizer_model):
+    status, _, err = run_cli(capsys, "generate", "hi", "--target", SMOL, "--drafter", f"lm:{foreign_tokenizer_model}")
+    assert status == 2 and "another tokenizer" in err
+
+
+@pytest.mark.slow
+def test_generate_json_plain_and_speculative_agree(capsys):
+    common = ["generate", "Count from 1 to 10.", "--target", SMOL, "--chat", "--dtype", "fp32",
+              "--max-new-tokens", "24", "--json"]
+    status, out, _ = run_cli(capsys, *common, "--drafter", "none")
+    plain = json.loads(out)
+    status_ngram, out, _ = run_cli(capsys, *common, "--drafter", "ngram", "--k", "3")
+    ngram = json.loads(out)
+    assert status == status_ngram == 0
+    assert ngram["token_ids"] == plain["token_ids"] and ngram["text"] == plain["text"]
+    assert plain["stats"]["tau"] == 1.0 and ngram["stats"]["num_drafts"] > 0
+
+
+def test_a_real_process_prints_no_traceback():
+    result = subprocess.run(
+        [sys.executable, "-m", "evospec.cli", "generate", "hi", "--target", "no/such-model-anywhere"],
+        capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", "PATH": ""},
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("evospec: error:") and "Traceback" not in result.stderr

@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+import torch
+
+from evospec.target import CachedLM
+
+
+def test_forward_then_trim_matches_a_fresh_forward(tiny_target):
+    lm = CachedLM(tiny_target)
+    lm.forward([1, 2, 3, 4, 5])
+    lm.trim(3)  # forget 4, 5
+    assert lm.length == 3
+    continued = lm.forward([7, 8])
+    fresh = CachedLM(tiny_target).forward([1, 2, 3, 7, 8])
+    torch.testing.assert_close(continued, fresh[3:])
+
+
+def test_hidden_states_are_the_features_under_the_head(tiny_target):
+    lm = CachedLM(tiny_target)
+    logits, hidden = lm.forward_with_hidden([3, 1, 4, 1, 5])
+    assert hidden.shape == (5, tiny_target.config.hidden_size)
+    torch.testing.assert_close(logits, tiny_target.lm_head(hidden))
+
+
+def test_num_logits_keeps_the_last_rows(tiny_target):
+    logits = CachedLM(tiny_target).forward([3, 1, 4, 1, 5], num_logits=1)
+    assert logits.shape == (1, tiny_target.config.vocab_size)
