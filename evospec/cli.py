@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -46,10 +45,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from evospec.models.loading import load_model
 
     config = _generation_config(args)  # validate settings before loading GBs of weights
-    if len(args.drafter) > 1:
+    specs = args.drafter or ["none"]
+    if len(specs) > 1:
         raise EvospecError("several --drafter values need a selector, which this version does not have yet")
     target = load_model(args.target, args.dtype)
-    drafter = build_drafter(args.drafter[0], target, args.dtype)
+    drafter = build_drafter(specs[0], target, args.dtype)
     generator = TextGenerator(target, drafter)
     stream = generator.stream(args.prompt, config, chat=args.chat)
     if args.json:
@@ -118,10 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate = commands.add_parser("generate", help="generate text from a prompt")
     generate.add_argument("prompt")
     generate.add_argument("--target", required=True, help="zoo alias, local directory, .gguf file or HF id")
-    generate.add_argument(
-        "--drafter", action="append", default=None,
-        help="none | ngram | lm:MODEL (or just MODEL); default none",
-    )
+    generate.add_argument("--drafter", action="append", help="none | ngram | lm:MODEL (or just MODEL); default none")
     _add_generation_options(generate)
     generate.add_argument("--temperature", type=float, default=DEFAULT_SAMPLING.temperature)
     generate.add_argument("--top-k", type=int, default=DEFAULT_SAMPLING.top_k)
@@ -142,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="the default pair on a few Spec-Bench prompts, against plain decoding")
     demo.add_argument("--target", default=DEFAULT_TARGET)
     demo.add_argument("--draft-model", default=DEFAULT_DRAFT_MODEL)
-    demo.add_argument("--prompts", type=int, default=4, help="Spec-Bench prompts, from different categories")
+    demo.add_argument("--prompts", type=int, default=3, help="Spec-Bench prompts, one per category")
     _add_generation_options(demo)
     demo.set_defaults(handler=cmd_demo, max_new_tokens=64)
 
@@ -159,8 +156,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "drafter", "unset") is None:
-        args.drafter = ["none"]
     try:
         args.handler(args)
     except EvospecError as error:

@@ -57,17 +57,20 @@ def reference_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_toke
     return output[0, len(prompt_ids):].tolist()
 
 
-@pytest.fixture(scope="session")
-def foreign_tokenizer_model(tmp_path_factory) -> str:
-    """A local model directory whose tokenizer is not any zoo model's (a tiny word-level one)."""
+def word_tokenizer(words: list[str]):
+    """A word-level tokenizer over words (ids in order); "<eos>" and "<unk>" must be among them."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {word: i for i, word in enumerate(["<unk>", "<eos>", *(f"w{i}" for i in range(TINY_VOCAB - 2))])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", unk_token="<unk>")
+
+
+@pytest.fixture(scope="session")
+def foreign_tokenizer_model(tmp_path_factory) -> str:
+    """A local model directory whose tokenizer is not any zoo model's (a tiny word-level one)."""
     directory = tmp_path_factory.mktemp("foreign")
     tiny_model(seed=5).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    word_tokenizer(["<unk>", "<eos>", *(f"w{i}" for i in range(TINY_VOCAB - 2))]).save_pretrained(directory)
     return str(directory)

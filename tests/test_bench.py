@@ -24,7 +24,7 @@ def test_spec_bench_has_six_categories_and_takes_mt_bench_round_robin():
 @pytest.mark.slow
 def test_bench_writes_results_in_the_agreed_shape(tmp_path: Path):
     settings = BenchSettings(
-        target=SMOL, draft_model=SMOL, methods=None, per_category=1, dtype="bf16",
+        target=SMOL, draft_model=SMOL, methods=None, per_category=1, dtype="fp32",
         generation=GenerationConfig(max_new_tokens=8), out_dir=tmp_path, command="evospec bench (test)",
     )
     run_bench(settings)
@@ -36,3 +36,14 @@ def test_bench_writes_results_in_the_agreed_shape(tmp_path: Path):
     assert results["methods"]["evospec-plain"]["speedup_vs_plain"] == 1.0
     assert (tmp_path / "results.md").read_text().count("|") > 20
     assert (tmp_path / "speedup.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_demo_prints_each_method_and_the_total(capsys, monkeypatch):
+    from evospec.bench.demo import run_demo
+
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps long method names in a narrow terminal
+    run_demo(SMOL, SMOL, prompts=1, config=GenerationConfig(max_new_tokens=8), dtype="fp32")
+    out = capsys.readouterr().out
+    assert "evospec-plain" in out and f"evospec:{SMOL}" in out and "evospec:ngram" in out
+    assert "all" in out and "1.00x" in out

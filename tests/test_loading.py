@@ -7,19 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from evospec.errors import EvospecError
 from evospec.models import loading
 
+from conftest import word_tokenizer
+
 WORDS = ["<eos>", "<unk>", "def", "return", "x", "(", ")", ":"]
-
-
-def tiny_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", unk_token="<unk>")
 
 
 @pytest.fixture
@@ -34,7 +29,7 @@ def model_dir(tmp_path: Path) -> Path:
     model.generation_config.eos_token_id = [0, 7]
     directory = tmp_path / "tiny"
     model.save_pretrained(directory)
-    tiny_tokenizer(WORDS).save_pretrained(directory)
+    word_tokenizer(WORDS).save_pretrained(directory)
     return directory
 
 
@@ -51,9 +46,9 @@ def test_eos_ids_context_length_and_tokenizer_identity(model_dir: Path) -> None:
     loaded = loading.load_model(str(model_dir), "fp32")
     assert loading.eos_token_ids(loaded) == {0, 7}
     assert loading.context_length(loaded) == 64
-    assert loading.same_tokenizer(loaded.tokenizer, tiny_tokenizer(WORDS))
-    assert not loading.same_tokenizer(loaded.tokenizer, tiny_tokenizer(WORDS[:-1]))
-    assert not loading.same_tokenizer(loaded.tokenizer, tiny_tokenizer([*WORDS[:-2], ":", ")"]))
+    assert loading.same_tokenizer(loaded.tokenizer, word_tokenizer(WORDS))
+    assert not loading.same_tokenizer(loaded.tokenizer, word_tokenizer(WORDS[:-1]))
+    assert not loading.same_tokenizer(loaded.tokenizer, word_tokenizer([*WORDS[:-2], ":", ")"]))
 
 
 def test_an_invalid_dtype_is_a_user_error(model_dir: Path) -> None:

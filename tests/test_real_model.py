@@ -8,7 +8,6 @@ from evospec.config import GenerationConfig
 from evospec.drafters import NgramDrafter, SmallLMDrafter
 from evospec.generation import TextGenerator, encode_prompt
 from evospec.models.loading import eos_token_ids, load_model
-from evospec.stats import SpecStats
 from evospec.target import CachedLM
 
 from conftest import reference_greedy
@@ -19,11 +18,10 @@ PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
     "Summarize: The quick brown fox jumps over the lazy dog. The dog did not move. The fox ran away.",
     "What is the capital of France? Answer in one sentence.",
-    "List three uses of a paperclip.",
     "Translate to German: Good morning, how are you today?",
     "Repeat after me exactly: one two three four five six seven eight nine ten.",
 ]
-MAX_NEW = 40
+MAX_NEW = 32
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +53,7 @@ def test_greedy_equals_plain_decoding(smollm, expected, drafter_kind, k):
 
 def test_streamed_text_is_the_decoded_ids_and_stops_before_a_stop_string(smollm):
     generator = TextGenerator(smollm, NgramDrafter())
-    prompt = PROMPTS[5]
+    prompt = PROMPTS[-1]
     full = generator.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW), chat=True)
     assert full.text == smollm.tokenizer.decode(full.token_ids, skip_special_tokens=True)
     stop = full.text[10:14]

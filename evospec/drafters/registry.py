@@ -33,7 +33,13 @@ def _build_small_lm(arg: str | None, target: LoadedModel, dtype: str) -> Drafter
             f"drafter '{drafter_model.name}' uses another tokenizer than target '{target.name}'; "
             "a small-LM drafter must share the target's vocabulary"
         )
-    return SmallLMDrafter(CachedLM(drafter_model.model), name=drafter_model.name)
+    drafter_lm, target_lm = CachedLM(drafter_model.model), CachedLM(target.model)
+    if drafter_lm.vocab_size != target_lm.vocab_size:  # q and p must index the same rows
+        raise EvospecError(
+            f"drafter '{drafter_model.name}' has {drafter_lm.vocab_size} output logits, "
+            f"target '{target.name}' has {target_lm.vocab_size}"
+        )
+    return SmallLMDrafter(drafter_lm, name=drafter_model.name)
 
 
 DRAFTERS: dict[str, Callable[[str | None, LoadedModel, str], Drafter]] = {
