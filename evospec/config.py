@@ -48,8 +48,10 @@ class GenerationConfig:
             raise EvospecError("stop strings must not be empty")
 
 
-DTYPES = ("bf16", "fp32")
-DEFAULT_DTYPE = "bf16"  # the fast dtype on AVX512-BF16 CPUs; fp32 where bit-exactness is the point
+# bf16: the fast dtype on CPUs with AVX512-BF16; fp32: where bit-exactness is the point;
+# int8: int8 weights with bf16 activations, the fast target on CPUs without AVX512-BF16 (models/quantize.py).
+DTYPES = ("bf16", "fp32", "int8")
+DEFAULT_DTYPE = "bf16"
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,8 @@ class Engine:
         if self.drafter is not None:
             self.drafter.begin(context)
         try:
-            self.target.forward(context[:-1], num_logits=1)  # prefill all but the pending token
+            if len(context) > 1:
+                self.target.forward(context[:-1], num_logits=1)  # prefill all but the pending token
             stats.prompt_tokens += len(prompt_ids)
             stats.prefill_s += time.perf_counter() - start
             budget = config.max_new_tokens

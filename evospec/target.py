@@ -22,7 +22,8 @@ class CachedLM:
 
     @property
     def vocab_size(self) -> int:
-        return self.model.get_output_embeddings().weight.shape[0]
+        """Width of the logits."""
+        return self.model.config.get_text_config().vocab_size
 
     def reset(self) -> None:
         """Forget every cached token."""

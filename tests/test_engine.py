@@ -69,6 +69,12 @@ def test_stops_at_eos_and_yields_it(tiny_target, tiny_drafter):
         assert stats.new_tokens == len(expected)
 
 
+def test_a_one_token_prompt_needs_no_prefill(tiny_target, tiny_drafter):
+    engine = Engine(CachedLM(tiny_target), SmallLMDrafter(CachedLM(tiny_drafter), "noisy"), frozenset(), 256)
+    tokens, _ = run(engine, [7], GenerationConfig(max_new_tokens=MAX_NEW))
+    assert tokens == reference_greedy(tiny_target, [7], MAX_NEW)
+
+
 def test_stops_when_the_context_is_full(tiny_target):
     engine = Engine(CachedLM(tiny_target), NgramDrafter(), frozenset(), context_length=20)
     tokens, _ = run(engine, list(range(15)), GenerationConfig(max_new_tokens=50, num_speculative_tokens=8))

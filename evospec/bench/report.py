@@ -86,7 +86,7 @@ def plot_speedups(results: dict[str, Any], path: Path) -> None:
     methods = results["methods"]
     categories = [*next(iter(methods.values()))["per_category"], "all"]
     width = 0.8 / len(methods)
-    figure, axes = plt.subplots(figsize=(max(8, 1.4 * len(categories)), 4.5))
+    figure, axes = plt.subplots(figsize=(max(8, 1.4 * len(categories)), 5.5))
     for index, (name, m) in enumerate(methods.items()):
         values = [m["per_category"][c]["speedup_vs_plain"] for c in categories[:-1]] + [m["speedup_vs_plain"]]
         axes.bar([c + index * width for c in range(len(categories))], values, width, label=name)
@@ -94,7 +94,7 @@ def plot_speedups(results: dict[str, Any], path: Path) -> None:
     axes.set_xticks([c + 0.4 - width / 2 for c in range(len(categories))], categories, rotation=20)
     axes.set_ylabel(f"tokens/s vs {results['plain_method']}")
     axes.set_title(f"{results['target']} ({results['dtype']}, greedy)")
-    axes.legend(fontsize=8)
+    axes.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

@@ -11,9 +11,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from evospec.config import DEFAULT_DTYPE, DTYPES
 from evospec.errors import EvospecError
+from evospec.models.quantize import quantize_int8_weights
 from evospec.models.zoo import ZOO, convert_gguf, evospec_home, pull
 
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# The dtype the weights load in; int8 then quantizes the linear layers' weights.
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "int8": torch.bfloat16}
 assert set(TORCH_DTYPES) == set(DTYPES)
 
 
@@ -37,6 +39,8 @@ def load_model(spec: str, dtype: str = DEFAULT_DTYPE) -> LoadedModel:
         raise EvospecError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     source = resolve(spec)
     model = _from_pretrained(AutoModelForCausalLM, spec, source, dtype=TORCH_DTYPES[dtype])
+    if dtype == "int8":
+        quantize_int8_weights(model)
     model.eval()
     model.requires_grad_(False)
     tokenizer = _from_pretrained(AutoTokenizer, spec, source)
