@@ -92,7 +92,7 @@ def cmd_models(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from evospec.bench.demo import run_demo
 
-    run_demo(args.target, [args.draft_model, "ngram"], args.prompts, _generation_config(args), args.dtype)
+    run_demo(args.target, args.draft_model, args.prompts, _generation_config(args), args.dtype)
 
 
 def cmd_bench(args: argparse.Namespace) -> None:

@@ -40,10 +40,12 @@ def test_bench_writes_results_in_the_agreed_shape(tmp_path: Path):
 
 @pytest.mark.slow
 def test_demo_prints_each_method_and_the_total(capsys, monkeypatch):
-    from evospec.bench.demo import run_demo
+    from evospec.cli import main
 
     monkeypatch.setenv("COLUMNS", "200")  # rich wraps long method names in a narrow terminal
-    run_demo(SMOL, SMOL, prompts=1, config=GenerationConfig(max_new_tokens=8), dtype="fp32")
+    status = main(["demo", "--target", SMOL, "--draft-model", SMOL, "--prompts", "1", "--max-new-tokens", "8",
+                   "--dtype", "fp32"])
     out = capsys.readouterr().out
+    assert status == 0
     assert "evospec-plain" in out and f"evospec:{SMOL}" in out and "evospec:ngram" in out
     assert "all" in out and "1.00x" in out
