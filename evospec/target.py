@@ -20,11 +20,6 @@ class CachedLM:
         self.cache = DynamicCache(config=model.config)
         self.length = 0
 
-    @property
-    def vocab_size(self) -> int:
-        """Width of the logits."""
-        return self.model.config.get_text_config().vocab_size
-
     def reset(self) -> None:
         """Forget every cached token."""
         self.cache = DynamicCache(config=self.model.config)

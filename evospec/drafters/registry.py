@@ -12,7 +12,7 @@ from evospec.drafters.base import Drafter
 from evospec.drafters.ngram import NgramDrafter
 from evospec.drafters.small_lm import SmallLMDrafter
 from evospec.errors import EvospecError
-from evospec.models.loading import LoadedModel, load_model, resolve, same_tokenizer
+from evospec.models.loading import LoadedModel, load_model, resolve, same_tokenizer, vocab_size
 from evospec.target import CachedLM
 
 NO_DRAFTER = "none"
@@ -33,13 +33,12 @@ def _build_small_lm(arg: str | None, target: LoadedModel, dtype: str) -> Drafter
             f"drafter '{drafter_model.name}' uses another tokenizer than target '{target.name}'; "
             "a small-LM drafter must share the target's vocabulary"
         )
-    drafter_lm, target_lm = CachedLM(drafter_model.model), CachedLM(target.model)
-    if drafter_lm.vocab_size != target_lm.vocab_size:  # q and p must index the same rows
+    if vocab_size(drafter_model) != vocab_size(target):  # q and p must index the same rows
         raise EvospecError(
-            f"drafter '{drafter_model.name}' has {drafter_lm.vocab_size} output logits, "
-            f"target '{target.name}' has {target_lm.vocab_size}"
+            f"drafter '{drafter_model.name}' has {vocab_size(drafter_model)} output logits, "
+            f"target '{target.name}' has {vocab_size(target)}"
         )
-    return SmallLMDrafter(drafter_lm, name=drafter_model.name)
+    return SmallLMDrafter(CachedLM(drafter_model.model), name=drafter_model.name)
 
 
 DRAFTERS: dict[str, Callable[[str | None, LoadedModel, str], Drafter]] = {

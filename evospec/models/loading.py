@@ -109,6 +109,11 @@ def eos_token_ids(loaded: LoadedModel) -> frozenset[int]:
     return frozenset({loaded.tokenizer.eos_token_id, *configured} - {None})
 
 
+def vocab_size(loaded: LoadedModel) -> int:
+    """The width of the model's logits (config.vocab_size)."""
+    return loaded.model.config.get_text_config().vocab_size
+
+
 def context_length(loaded: LoadedModel) -> int:
     """The longest sequence the model was built for (config.max_position_embeddings)."""
     return loaded.model.config.get_text_config().max_position_embeddings
