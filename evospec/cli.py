@@ -77,11 +77,12 @@ def cmd_pull(args: argparse.Namespace) -> None:
 
 def cmd_models(args: argparse.Namespace) -> None:
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
 
     from evospec.models.zoo import list_zoo
 
-    table = Table("alias", "GGUF size", "pulled", "licence", "upstream")
+    # The alias is what users type: it stays whole, the long upstream name folds instead.
+    table = Table(Column("alias", no_wrap=True), "GGUF size", "pulled", "licence", Column("upstream", overflow="fold"))
     for status in list_zoo():
         entry = status.entry
         table.add_row(entry.alias, f"{entry.size / 2**20:.0f} MiB", "yes" if status.pulled else "no",

@@ -78,3 +78,11 @@ def test_a_real_process_prints_no_traceback():
     )
     assert result.returncode == 2
     assert result.stderr.startswith("evospec: error:") and "Traceback" not in result.stderr
+
+
+def test_models_lists_every_alias_whole(capsys, monkeypatch):
+    from evospec.models.zoo import ZOO
+
+    monkeypatch.setenv("COLUMNS", "100")
+    status, out, _ = run_cli(capsys, "models")
+    assert status == 0 and all(alias in out for alias in ZOO)
