@@ -34,7 +34,7 @@ class Int8WeightLinear(nn.Module):
 
 def quantize_int8_weights(model: nn.Module) -> nn.Module:
     """Replace every nn.Linear of model (output head included) by an Int8WeightLinear, in place."""
-    for name, module in list(model.named_modules()):
+    for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, child_name, Int8WeightLinear(child))
