@@ -30,6 +30,8 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
         (["generate", "hi", "--target", SMOL, "--max-new-tokens", "0"], "max-new-tokens"),
         (["pull", "no-such-model"], "unknown model alias"),
         (["bench", "--per-category", "0"], "per-category"),
+        (["bench", "--method", "no-such-method"], "unknown bench method"),
+        (["demo", "--prompts", "0"], "--prompts"),
     ],
 )
 def test_bad_settings_fail_before_loading_anything(capsys, argv, message):

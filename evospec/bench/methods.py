@@ -97,10 +97,15 @@ def build_methods(names: list[str], target: LoadedModel, draft_model: LoadedMode
         builders[f"evospec:{draft_model.name}"] = lambda: EvospecMethod(
             f"evospec:{draft_model.name}", engine(SmallLMDrafter(CachedLM(draft_model.model), draft_model.name))
         )
-    unknown = [name for name in names if name not in builders]
-    if unknown:
-        raise EvospecError(f"unknown bench method(s) {unknown}; known: {sorted(builders)}")
+    check_method_names(names, list(builders))
     return [builders[name]() for name in names]
+
+
+def check_method_names(names: list[str], known: list[str]) -> None:
+    """Raise a clear error for any name not among the known methods."""
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise EvospecError(f"unknown bench method(s) {unknown}; known: {sorted(known)}")
 
 
 def method_names(draft_model_name: str) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from evospec.bench.methods import build_methods, method_names
+from evospec.bench.methods import build_methods, check_method_names, method_names
 from evospec.bench.report import summarize, write_report
 from evospec.bench.workloads import spec_bench
 from evospec.config import GenerationConfig
@@ -39,9 +39,10 @@ def run_bench(settings: BenchSettings) -> dict:
         raise EvospecError("the benchmark is greedy (Spec-Bench convention); drop --temperature")
     prompts = spec_bench(settings.per_category)
     load_average = os.getloadavg()[0]
+    names = list(settings.methods or method_names(settings.draft_model))
+    check_method_names(names, method_names(settings.draft_model))  # before loading GBs of weights
     target = load_model(settings.target, settings.dtype)
     draft_model = load_model(settings.draft_model, settings.dtype)
-    names = list(settings.methods or method_names(draft_model.name))
     methods = build_methods(names, target, draft_model)
     prompt_ids = [encode_prompt(target, prompt.text, chat=True) for prompt in prompts]
 
