@@ -4,6 +4,9 @@ VENV ?= .venv
 # The CPU build on these machines; a GPU user can pick another, e.g. TORCH_SPEC="torch==2.13.0 --index-url ..."
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
+# llama-cpp-python compiles llama.cpp for this CPU (pip keeps the wheel in its cache, so once per
+# machine); the multimodal library is not needed and would double the build time.
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 
 .PHONY: install demo test bench clean
 

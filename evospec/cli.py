@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from evospec.config import DEFAULT_DTYPE, DTYPES, GenerationConfig, SamplingConfig
+from evospec.config import BACKENDS, DEFAULT_DTYPE, DTYPES, GenerationConfig, SamplingConfig
 from evospec.errors import EvospecError
 
 DEFAULTS = GenerationConfig()
@@ -19,8 +19,12 @@ DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b-instruct"
 
 def _add_generation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=DEFAULTS.num_speculative_tokens, help="draft length per round")
+    parser.add_argument("--adaptive-k", action="store_true",
+                        help="choose the draft length each round (at most --k) from the target's measured "
+                             "forward cost and the drafter's acceptance")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens)
-    parser.add_argument("--dtype", choices=DTYPES, default=DEFAULT_DTYPE)
+    parser.add_argument("--backend", choices=BACKENDS, help="default: llamacpp for GGUF files and zoo aliases on a CPU, hf otherwise")
+    parser.add_argument("--dtype", choices=DTYPES, help=f"hf backend only (default {DEFAULT_DTYPE})")
 
 
 def _generation_config(args: argparse.Namespace, **overrides) -> GenerationConfig:
@@ -40,6 +44,7 @@ def _generation_config(args: argparse.Namespace, **overrides) -> GenerationConfi
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
+    from evospec.draft_length import adaptive_draft_length
     from evospec.drafters.registry import build_drafter
     from evospec.generation import TextGenerator
     from evospec.models.loading import load_model
@@ -48,9 +53,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
     specs = args.drafter or ["none"]
     if len(specs) > 1:
         raise EvospecError("several --drafter values need a selector, which this version does not have yet")
-    target = load_model(args.target, args.dtype)
+    target = load_model(args.target, args.dtype, args.backend)
     drafter = build_drafter(specs[0], target, args.dtype)
-    generator = TextGenerator(target, drafter)
+    draft_length = adaptive_draft_length(target, config.num_speculative_tokens) if args.adaptive_k else None
+    generator = TextGenerator(target, drafter, draft_length)
     stream = generator.stream(args.prompt, config, chat=args.chat)
     if args.json:
         for _ in stream:
@@ -93,7 +99,7 @@ def cmd_models(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from evospec.bench.demo import run_demo
 
-    run_demo(args.target, args.draft_model, args.prompts, _generation_config(args), args.dtype)
+    run_demo(args.target, args.draft_model, args.prompts, _generation_config(args), args.dtype, args.backend)
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -105,6 +111,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         methods=tuple(args.method) if args.method else None,
         per_category=args.per_category,
         dtype=args.dtype,
+        backend=args.backend,
         generation=_generation_config(args),
         out_dir=Path(args.out),
         command="evospec " + shlex.join(sys.argv[1:]),

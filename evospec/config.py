@@ -52,6 +52,8 @@ class GenerationConfig:
 # int8: int8 weights with bf16 activations, the fast target on CPUs without AVX512-BF16 (models/quantize.py).
 DTYPES = ("bf16", "fp32", "int8")
 DEFAULT_DTYPE = "bf16"
+# hf: PyTorch through transformers; llamacpp: a GGUF file run by llama.cpp (models/loading.py picks).
+BACKENDS = ("hf", "llamacpp")
 
 
 @dataclass(frozen=True)

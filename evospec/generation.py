@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from evospec.config import GenerationConfig
+from evospec.draft_length import DraftLength
 from evospec.drafters import Drafter
 from evospec.engine import Engine
 from evospec.errors import EvospecError
 from evospec.models.loading import LoadedModel, context_length, eos_token_ids
 from evospec.stats import SpecStats
-from evospec.target import CachedLM
 
 
 class TextStream:
@@ -61,10 +61,10 @@ class TextStream:
 class TextGenerator:
     """A loaded target and drafter behind a text interface."""
 
-    def __init__(self, target: LoadedModel, drafter: Drafter | None) -> None:
+    def __init__(self, target: LoadedModel, drafter: Drafter | None, draft_length: DraftLength | None = None) -> None:
         self.target = target
         self.tokenizer = target.tokenizer
-        self.engine = Engine(CachedLM(target.model), drafter, eos_token_ids(target), context_length(target))
+        self.engine = Engine(target.new_lm(), drafter, eos_token_ids(target), context_length(target), draft_length)
 
     def stream(self, prompt: str, config: GenerationConfig, chat: bool = False) -> TextStream:
         """Start a generation; iterate the result for text pieces."""

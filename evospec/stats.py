@@ -16,10 +16,12 @@ class SpecStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)  # [position] accepted count
-    num_verifications: int = 0  # target forwards after prefill (one per round)
+    num_verifications: int = 0  # target forwards, one per round; the prefill is the round of the first token
     new_tokens: int = 0  # tokens emitted to the caller
     prompt_tokens: int = 0
     prefill_s: float = 0.0
+    draft_s: float = 0.0  # in drafters' propose (catch-up included)
+    target_s: float = 0.0  # in target forwards after the prefill
     wall_s: float = 0.0  # prefill included
 
     def record(self, draft: Draft, verdict: Verdict) -> None:
@@ -34,7 +36,7 @@ class SpecStats:
 
     def merge(self, other: SpecStats) -> None:
         for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_verifications",
-                     "new_tokens", "prompt_tokens", "prefill_s", "wall_s"):
+                     "new_tokens", "prompt_tokens", "prefill_s", "draft_s", "target_s", "wall_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self._grow(len(other.num_accepted_tokens_per_pos))
         for position, count in enumerate(other.num_accepted_tokens_per_pos):
@@ -60,6 +62,12 @@ class SpecStats:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
 
     @property
+    def loop_overhead_us(self) -> float:
+        """Microseconds per round spent outside the target and the drafter: the engine's own cost."""
+        rounds = self.num_verifications
+        return 1e6 * (self.wall_s - self.prefill_s - self.target_s - self.draft_s) / rounds if rounds else 0.0
+
+    @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s else 0.0
 
@@ -76,6 +84,9 @@ class SpecStats:
             "mean_acceptance_length": self.mean_acceptance_length,
             "acceptance_rate": self.acceptance_rate,
             "prefill_s": self.prefill_s,
+            "draft_s": self.draft_s,
+            "target_s": self.target_s,
+            "loop_overhead_us": self.loop_overhead_us,
             "wall_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s,
         }

@@ -3,13 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 
+class LanguageModel(Protocol):
+    """What the engine and the small-LM drafter need of a model, whatever runs it (hf or llama.cpp)."""
+
+    length: int  # tokens in the cache
+
+    def reset(self) -> None:
+        """Forget every cached token."""
+
+    def forward(self, token_ids: Sequence[int], num_logits: int = 0) -> torch.Tensor:
+        """Append token_ids [n] to the cache -> logits [n, V] (the last num_logits rows only, if > 0)."""
+
+    def forward_with_hidden(self, token_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like forward -> (logits [n, V], final hidden states [n, H])."""
+
+    def trim(self, length: int) -> None:
+        """Keep the first `length` cached tokens."""
+
+
 class CachedLM:
-    """Wraps any Hugging Face causal LM; the cache holds the first `length` tokens of one sequence.
+    """The hf backend's LanguageModel. Wraps any Hugging Face causal LM; the cache holds the first `length` tokens of one sequence.
 
     forward() appends tokens to the cache and returns their logits; trim() drops tokens from the end,
     which is how a rejected draft is forgotten.

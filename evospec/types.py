@@ -13,10 +13,18 @@ class Draft:
 
     tokens: torch.Tensor  # [m] int64, m <= k: drafted token ids, in order
     probs: torch.Tensor | None  # [m, V] float32: q at each drafted position; None: q is one-hot on tokens
+    label: str = ""  # what kind of draft this is (e.g. an n-gram match length); acceptance is tracked per label
 
     @property
     def size(self) -> int:
         return int(self.tokens.numel())
+
+    def truncated(self, size: int) -> Draft:
+        """The first `size` tokens of this draft (q unchanged at each kept position)."""
+        if size >= self.size:
+            return self
+        probs = None if self.probs is None else self.probs[:size]
+        return Draft(self.tokens[:size], probs, self.label)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
         (["bench", "--per-category", "0"], "per-category"),
         (["bench", "--method", "no-such-method"], "unknown bench method"),
         (["demo", "--prompts", "0"], "--prompts"),
+        (["generate", "hi", "--target", SMOL, "--backend", "llamacpp", "--dtype", "fp32"], "--dtype applies"),
     ],
 )
 def test_bad_settings_fail_before_loading_anything(capsys, argv, message):
@@ -47,6 +48,7 @@ def test_bad_settings_fail_before_loading_anything(capsys, argv, message):
         (["generate", "word " * 9000, "--target", SMOL], "context holds"),
         (["generate", "hi", "--target", SMOL, "--drafter", "no-such-drafter"], "unknown drafter"),
         (["generate", "hi", "--target", SMOL, "--drafter", "ngram:3"], "takes no argument"),
+        (["generate", "hi", "--target", ".", "--backend", "llamacpp"], "needs a .gguf file"),
     ],
 )
 def test_bad_input_with_a_real_model(capsys, argv, message):
@@ -61,9 +63,9 @@ def test_drafter_with_another_tokenizer_is_refused(capsys, foreign_tokenizer_mod
 
 
 @pytest.mark.slow
-def test_generate_json_plain_and_speculative_agree(capsys):
-    common = ["generate", "Count from 1 to 10.", "--target", SMOL, "--chat", "--dtype", "fp32",
-              "--max-new-tokens", "24", "--json"]
+@pytest.mark.parametrize("backend", [["--backend", "hf", "--dtype", "fp32"], ["--backend", "llamacpp"]])
+def test_generate_json_plain_and_speculative_agree(capsys, backend):
+    common = ["generate", "Count from 1 to 10.", "--target", SMOL, "--chat", *backend, "--max-new-tokens", "24", "--json"]
     status, out, _ = run_cli(capsys, *common, "--drafter", "none")
     plain = json.loads(out)
     status_ngram, out, _ = run_cli(capsys, *common, "--drafter", "ngram", "--k", "3")

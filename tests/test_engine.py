@@ -52,9 +52,10 @@ def test_greedy_equals_plain_decoding(tiny_target, tiny_drafter, plain_outputs, 
 
 def test_self_drafting_emits_k_plus_one_per_round(tiny_target):
     engine = Engine(CachedLM(tiny_target), SmallLMDrafter(CachedLM(tiny_target), "self"), frozenset(), 256)
-    _, stats = run(engine, [1, 2, 3], GenerationConfig(max_new_tokens=25, num_speculative_tokens=4))
-    assert stats.num_verifications == 5 and stats.tau == 5.0
-    assert stats.num_accepted_tokens_per_pos == [5, 5, 5, 5]
+    _, stats = run(engine, [1, 2, 3], GenerationConfig(max_new_tokens=21, num_speculative_tokens=4))
+    # The prefill's round gives the first token, then four rounds of 4 accepted + 1.
+    assert stats.num_verifications == 5 and stats.num_drafts == 4 and stats.tau == 21 / 5
+    assert stats.num_accepted_tokens_per_pos == [4, 4, 4, 4]
 
 
 def test_stops_at_eos_and_yields_it(tiny_target, tiny_drafter):
@@ -69,7 +70,7 @@ def test_stops_at_eos_and_yields_it(tiny_target, tiny_drafter):
         assert stats.new_tokens == len(expected)
 
 
-def test_a_one_token_prompt_needs_no_prefill(tiny_target, tiny_drafter):
+def test_a_one_token_prompt(tiny_target, tiny_drafter):
     engine = Engine(CachedLM(tiny_target), SmallLMDrafter(CachedLM(tiny_drafter), "noisy"), frozenset(), 256)
     tokens, _ = run(engine, [7], GenerationConfig(max_new_tokens=MAX_NEW))
     assert tokens == reference_greedy(tiny_target, [7], MAX_NEW)

@@ -84,10 +84,10 @@ def test_a_gguf_file_is_converted_once(
         return dest
 
     monkeypatch.setattr(loading, "convert_gguf", convert_gguf)
-    first = loading.load_model(str(gguf), "fp32")
-    second = loading.load_model(str(gguf), "fp32")
+    first = loading.load_model(str(gguf), "fp32", backend="hf")
+    second = loading.load_model(str(gguf), "fp32", backend="hf")
     assert conversions == [gguf]
-    assert first.source == second.source and first.source.parent == tmp_path / "home" / "converted"
+    assert first.source == second.source and first.source.parent.parent == tmp_path / "home" / "converted"
 
 
 def test_a_hub_id_tries_the_cache_then_the_hub_then_names_the_aliases(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,7 +26,7 @@ MAX_NEW = 32
 
 @pytest.fixture(scope="module")
 def smollm():
-    return load_model("smollm2-135m-instruct", "fp32")
+    return load_model("smollm2-135m-instruct", "fp32", backend="hf")
 
 
 @pytest.fixture(scope="module")

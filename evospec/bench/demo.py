@@ -20,20 +20,22 @@ PLAIN = "evospec-plain"
 DEMO_CATEGORIES = ("mt_bench", "qa", "math_reasoning", "translation")
 
 
-def run_demo(target_spec: str, draft_model_spec: str, prompts: int, config: GenerationConfig, dtype: str) -> None:
+def run_demo(
+    target_spec: str, draft_model_spec: str, prompts: int, config: GenerationConfig, dtype: str | None, backend: str | None
+) -> None:
     """Plain decoding, the small-LM drafter and the n-gram drafter, interleaved on each prompt."""
     workload = [prompt for prompt in spec_bench(1) if prompt.category in DEMO_CATEGORIES]
     if not 1 <= prompts <= len(workload):
         raise EvospecError(f"--prompts must be between 1 and {len(workload)}, got {prompts}")
     console = Console()
-    console.print(f"loading target {target_spec} and drafter {draft_model_spec} ({dtype})")
-    target = load_model(target_spec, dtype)
-    draft_model = load_model(draft_model_spec, dtype)
+    console.print(f"loading target {target_spec} and drafter {draft_model_spec}")
+    target = load_model(target_spec, dtype, backend)
+    draft_model = load_model(draft_model_spec, dtype, target.backend)
     names = [PLAIN, f"evospec:{draft_model.name}", "evospec:ngram"]
-    methods = build_methods(names, target, draft_model)
+    methods = build_methods(names, target, draft_model, config.num_speculative_tokens)
 
     runs: dict[str, list[SpecStats]] = {name: [] for name in names}
-    table = Table(title=f"{target.name} greedy, k={config.num_speculative_tokens}, {config.max_new_tokens} new tokens")
+    table = Table(title=f"{target.name} on {target.backend}, greedy, k={config.num_speculative_tokens}, {config.max_new_tokens} new tokens")
     for column in ("prompt", "method", "tokens", "tau", "tokens/s", "speedup"):
         table.add_column(column)
     for prompt in tqdm(workload[:prompts], desc="demo", unit="prompt"):

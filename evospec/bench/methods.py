@@ -1,7 +1,7 @@
 """The methods a benchmark compares. Each turns prompt ids into SpecStats for one generation.
 
-Method names follow shared/benchmarks.md: hf-plain, hf-assisted:<drafter>, evospec-plain,
-evospec:<drafter>.
+Method names follow shared/benchmarks.md: hf-plain, hf-assisted:<drafter> (hf backend),
+llamacpp-plain, llamacpp-lookup (llama.cpp backend), evospec-plain, evospec:<drafter> (either).
 """
 
 from __future__ import annotations
@@ -12,12 +12,16 @@ from typing import Protocol
 import torch
 
 from evospec.config import GenerationConfig
+from evospec.draft_length import adaptive_draft_length
 from evospec.drafters import NgramDrafter, SmallLMDrafter
 from evospec.engine import Engine
 from evospec.errors import EvospecError
+from evospec.models.llamacpp import default_threads
 from evospec.models.loading import LoadedModel, context_length, eos_token_ids
 from evospec.stats import SpecStats
-from evospec.target import CachedLM
+
+
+ADAPTIVE = "/k=auto"  # method-name suffix: the draft length adapts each round (draft_length.py)
 
 
 class BenchMethod(Protocol):
@@ -72,31 +76,88 @@ class HFGenerateMethod:
             hook.remove()
         new_tokens = output.shape[1] - len(prompt_ids)
         return SpecStats(
-            num_verifications=forwards - 1,  # the first forward is the prefill
+            num_verifications=forwards,  # the prefill gives the first token, as in evospec
             new_tokens=new_tokens, prompt_tokens=len(prompt_ids), wall_s=time.perf_counter() - start,
         )
 
 
-def build_methods(names: list[str], target: LoadedModel, draft_model: LoadedModel | None) -> list[BenchMethod]:
+class LlamaCppCompletionMethod:
+    """llama-cpp-python's own greedy `Llama.create_completion`, what a Python user of llama.cpp runs
+    today; with lookup, its prompt-lookup draft model (LlamaPromptLookupDecoding) drafting k tokens.
+    Calls of `Llama.eval` (one per round, the prefill included) are counted for tau."""
+
+    def __init__(self, name: str, target: LoadedModel, lookup_tokens: int | None = None) -> None:
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None
+        self.name = name
+        self.llm = Llama(
+            model_path=str(target.source), n_ctx=context_length(target), n_threads=default_threads(),
+            n_threads_batch=default_threads(), draft_model=draft, verbose=False,
+            # With a draft model llama-cpp-python keeps every row's logits but sizes that buffer from
+            # this flag (0.3.36), so a prompt longer than a batch overflows it unless it is set.
+            logits_all=draft is not None,
+        )
+
+    def run(self, prompt_ids: list[int], config: GenerationConfig) -> SpecStats:
+        evals = 0
+        eval_tokens = self.llm.eval
+
+        def counted_eval(tokens):
+            nonlocal evals
+            evals += 1
+            return eval_tokens(tokens)
+
+        self.llm.reset()  # no prompt cache carried over from an earlier run
+        self.llm.eval = counted_eval
+        start = time.perf_counter()
+        try:
+            completion = self.llm.create_completion(
+                prompt_ids, max_tokens=config.max_new_tokens, temperature=0.0, repeat_penalty=1.0,
+            )
+        finally:
+            del self.llm.eval
+        return SpecStats(
+            num_verifications=evals,  # the prefill gives the first token, as in evospec
+            new_tokens=completion["usage"]["completion_tokens"], prompt_tokens=len(prompt_ids),
+            wall_s=time.perf_counter() - start,
+        )
+
+
+def build_methods(
+    names: list[str], target: LoadedModel, draft_model: LoadedModel | None, num_speculative_tokens: int
+) -> list[BenchMethod]:
     """Methods by name; a name with :<drafter> uses draft_model (or the n-gram drafter for :ngram)."""
     window = context_length(target)
     eos = eos_token_ids(target)
 
-    def engine(drafter) -> Engine:
-        return Engine(CachedLM(target.model), drafter, eos, window)
+    def engine(drafter, adaptive: bool = False) -> Engine:
+        draft_length = adaptive_draft_length(target, num_speculative_tokens) if adaptive else None
+        return Engine(target.new_lm(), drafter, eos, window, draft_length)
 
     builders = {
-        "hf-plain": lambda: HFGenerateMethod("hf-plain", target),
         "evospec-plain": lambda: EvospecMethod("evospec-plain", engine(None)),
         "evospec:ngram": lambda: EvospecMethod("evospec:ngram", engine(NgramDrafter())),
+        f"evospec:ngram{ADAPTIVE}": lambda: EvospecMethod(f"evospec:ngram{ADAPTIVE}", engine(NgramDrafter(), True)),
     }
+    if target.backend == "hf":
+        builders["hf-plain"] = lambda: HFGenerateMethod("hf-plain", target)
+    else:
+        builders["llamacpp-plain"] = lambda: LlamaCppCompletionMethod("llamacpp-plain", target)
+        builders["llamacpp-lookup"] = lambda: LlamaCppCompletionMethod(
+            "llamacpp-lookup", target, lookup_tokens=num_speculative_tokens
+        )
     if draft_model is not None:
-        builders[f"hf-assisted:{draft_model.name}"] = lambda: HFGenerateMethod(
-            f"hf-assisted:{draft_model.name}", target, draft_model
-        )
-        builders[f"evospec:{draft_model.name}"] = lambda: EvospecMethod(
-            f"evospec:{draft_model.name}", engine(SmallLMDrafter(CachedLM(draft_model.model), draft_model.name))
-        )
+        if target.backend == "hf":
+            builders[f"hf-assisted:{draft_model.name}"] = lambda: HFGenerateMethod(
+                f"hf-assisted:{draft_model.name}", target, draft_model
+            )
+        for suffix in ("", ADAPTIVE):
+            name = f"evospec:{draft_model.name}{suffix}"
+            builders[name] = lambda name=name, adaptive=bool(suffix): EvospecMethod(
+                name, engine(SmallLMDrafter(draft_model.new_lm(), draft_model.name), adaptive)
+            )
     check_method_names(names, list(builders))
     return [builders[name]() for name in names]
 
@@ -108,6 +169,10 @@ def check_method_names(names: list[str], known: list[str]) -> None:
         raise EvospecError(f"unknown bench method(s) {unknown}; known: {sorted(known)}")
 
 
-def method_names(draft_model_name: str) -> list[str]:
-    """Every method of the engine benchmark, baselines first."""
-    return ["hf-plain", f"hf-assisted:{draft_model_name}", "evospec-plain", f"evospec:{draft_model_name}", "evospec:ngram"]
+def method_names(draft_model_name: str, backend: str) -> list[str]:
+    """Every method of the engine benchmark on a backend, baselines first."""
+    evospec = ["evospec-plain", f"evospec:{draft_model_name}", "evospec:ngram",
+               f"evospec:{draft_model_name}{ADAPTIVE}", f"evospec:ngram{ADAPTIVE}"]
+    if backend == "hf":
+        return ["hf-plain", f"hf-assisted:{draft_model_name}", *evospec]
+    return ["llamacpp-plain", "llamacpp-lookup", *evospec]

@@ -9,7 +9,8 @@ from typing import Any
 
 from evospec.stats import SpecStats
 
-PLAIN_METHODS = ("evospec-plain", "hf-plain")  # the first present is "plain" for speedup_vs_plain
+# The first present is "plain" for speedup_vs_plain: what users of that backend run today, else evospec's.
+PLAIN_METHODS = ("llamacpp-plain", "evospec-plain", "hf-plain")
 
 
 def aggregate(runs: Sequence[SpecStats]) -> dict[str, Any]:
@@ -25,6 +26,8 @@ def aggregate(runs: Sequence[SpecStats]) -> dict[str, Any]:
         "new_tokens": total.new_tokens,
         "wall_s": total.wall_s,
         "prefill_s": total.prefill_s,
+        "draft_s": total.draft_s,
+        "loop_overhead_us": total.loop_overhead_us,
         "learn_s": 0.0,
     }
 
@@ -53,18 +56,20 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         f"`{results['command']}`",
         "",
-        f"target {results['target']}, {results['dtype']}, temperature {results['temperature']}, "
+        f"target {results['target']} on {results.get('backend', 'hf')}, {results['dtype']}, temperature {results['temperature']}, "
         f"{results['prompts']} prompts, max_new_tokens {results['max_new_tokens']}, "
         f"{results['threads']} threads, load {results['load_average']}; plain = {results['plain_method']}",
         "",
-        "| method | tokens/s | speedup vs plain | tau | acceptance | new tokens | wall s |",
-        "|---|---|---|---|---|---|---|",
+        "| method | tokens/s | speedup vs plain | tau | acceptance | new tokens | wall s | loop µs/round |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, m in methods.items():
         rate = "-" if m["acceptance_rate"] is None else f"{m['acceptance_rate']:.2f}"
+        # Only evospec's own loop is timed piece by piece; the baselines' loops are not visible.
+        overhead = f"{m['loop_overhead_us']:.0f}" if name.startswith("evospec") else "-"
         lines.append(
             f"| {name} | {m['tokens_per_s']:.2f} | {m['speedup_vs_plain']:.2f}x | {m['tau']:.2f} | {rate} "
-            f"| {m['new_tokens']} | {m['wall_s']:.1f} |"
+            f"| {m['new_tokens']} | {m['wall_s']:.1f} | {overhead} |"
         )
     categories = list(next(iter(methods.values()))["per_category"])
     lines += ["", "Speedup vs plain per category (tau in brackets):", "",

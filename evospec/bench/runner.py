@@ -12,10 +12,11 @@ from tqdm.auto import tqdm
 from evospec.bench.methods import build_methods, check_method_names, method_names
 from evospec.bench.report import summarize, write_report
 from evospec.bench.workloads import spec_bench
-from evospec.config import GenerationConfig
+from evospec.config import DEFAULT_DTYPE, GenerationConfig
 from evospec.errors import EvospecError
 from evospec.generation import encode_prompt
-from evospec.models.loading import load_model
+from evospec.models.llamacpp import default_threads
+from evospec.models.loading import default_backend, load_model
 from evospec.stats import SpecStats
 
 WARMUP_TOKENS = 8  # one short generation per method first, so no method pays first-call costs
@@ -27,7 +28,8 @@ class BenchSettings:
     draft_model: str
     methods: tuple[str, ...] | None  # None: every method of method_names()
     per_category: int
-    dtype: str
+    dtype: str | None  # hf backend only; None: DEFAULT_DTYPE
+    backend: str | None  # None: default_backend(target)
     generation: GenerationConfig
     out_dir: Path
     command: str  # recorded with the results
@@ -39,11 +41,13 @@ def run_bench(settings: BenchSettings) -> dict:
         raise EvospecError("the benchmark is greedy (Spec-Bench convention); drop --temperature")
     prompts = spec_bench(settings.per_category)
     load_average = os.getloadavg()[0]
-    names = list(settings.methods or method_names(settings.draft_model))
-    check_method_names(names, method_names(settings.draft_model))  # before loading GBs of weights
-    target = load_model(settings.target, settings.dtype)
-    draft_model = load_model(settings.draft_model, settings.dtype)
-    methods = build_methods(names, target, draft_model)
+    backend = settings.backend or default_backend(settings.target)
+    known = method_names(settings.draft_model, backend)
+    names = list(settings.methods or known)
+    check_method_names(names, known)  # before loading GBs of weights
+    target = load_model(settings.target, settings.dtype, backend)
+    draft_model = load_model(settings.draft_model, settings.dtype, backend)
+    methods = build_methods(names, target, draft_model, settings.generation.num_speculative_tokens)
     prompt_ids = [encode_prompt(target, prompt.text, chat=True) for prompt in prompts]
 
     warmup = replace(settings.generation, max_new_tokens=WARMUP_TOKENS)
@@ -61,13 +65,14 @@ def run_bench(settings: BenchSettings) -> dict:
     results = {
         "command": settings.command,
         "target": target.name,
-        "dtype": settings.dtype,
+        "backend": backend,
+        "dtype": "gguf" if backend == "llamacpp" else settings.dtype or DEFAULT_DTYPE,
         "temperature": settings.generation.sampling.temperature,
         "stream": "spec-bench",
         "prompts": len(prompts),
         "max_new_tokens": settings.generation.max_new_tokens,
         "num_speculative_tokens": settings.generation.num_speculative_tokens,
-        "threads": torch.get_num_threads(),
+        "threads": default_threads() if backend == "llamacpp" else torch.get_num_threads(),
         "load_average": round(load_average, 2),
         "plain_method": plain,
         "methods": methods_summary,

@@ -32,5 +32,5 @@ class NgramDrafter:
             hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
             if hits.size:
                 start = hits[-1] + n
-                return Draft(tokens=torch.from_numpy(tokens[start : start + k].copy()), probs=None)
+                return Draft(tokens=torch.from_numpy(tokens[start : start + k].copy()), probs=None, label=f"match{n}")
         return empty_draft()

@@ -12,22 +12,23 @@ from evospec.drafters.base import Drafter
 from evospec.drafters.ngram import NgramDrafter
 from evospec.drafters.small_lm import SmallLMDrafter
 from evospec.errors import EvospecError
-from evospec.models.loading import LoadedModel, load_model, resolve, same_tokenizer, vocab_size
-from evospec.target import CachedLM
+from evospec.models.loading import LoadedModel, default_backend, load_model, names_a_model, same_tokenizer, vocab_size
 
 NO_DRAFTER = "none"
 
 
-def _build_ngram(arg: str | None, target: LoadedModel, dtype: str) -> Drafter:
+def _build_ngram(arg: str | None, target: LoadedModel, dtype: str | None) -> Drafter:
     if arg:
         raise EvospecError(f"the ngram drafter takes no argument, got 'ngram:{arg}'")
     return NgramDrafter()
 
 
-def _build_small_lm(arg: str | None, target: LoadedModel, dtype: str) -> Drafter:
+def _build_small_lm(arg: str | None, target: LoadedModel, dtype: str | None) -> Drafter:
     if not arg:
         raise EvospecError("the lm drafter needs a model: lm:ALIAS, lm:PATH or lm:HF_ID")
-    drafter_model = load_model(arg, dtype)
+    # The target's backend where it can run the drafter; llama.cpp runs only GGUF files and zoo aliases.
+    same_backend = target.backend == "hf" or default_backend(arg) == target.backend
+    drafter_model = load_model(arg, dtype if same_backend else None, target.backend if same_backend else "hf")
     if not same_tokenizer(drafter_model.tokenizer, target.tokenizer):
         raise EvospecError(
             f"drafter '{drafter_model.name}' uses another tokenizer than target '{target.name}'; "
@@ -38,16 +39,16 @@ def _build_small_lm(arg: str | None, target: LoadedModel, dtype: str) -> Drafter
             f"drafter '{drafter_model.name}' has {vocab_size(drafter_model)} output logits, "
             f"target '{target.name}' has {vocab_size(target)}"
         )
-    return SmallLMDrafter(CachedLM(drafter_model.model), name=drafter_model.name)
+    return SmallLMDrafter(drafter_model.new_lm(), name=drafter_model.name)
 
 
-DRAFTERS: dict[str, Callable[[str | None, LoadedModel, str], Drafter]] = {
+DRAFTERS: dict[str, Callable[[str | None, LoadedModel, str | None], Drafter]] = {
     "ngram": _build_ngram,
     "lm": _build_small_lm,
 }
 
 
-def build_drafter(spec: str, target: LoadedModel, dtype: str) -> Drafter | None:
+def build_drafter(spec: str, target: LoadedModel, dtype: str | None) -> Drafter | None:
     """Build the drafter a spec names for this target; None for `none` (plain decoding)."""
     spec = spec.strip()
     if not spec:
@@ -57,9 +58,7 @@ def build_drafter(spec: str, target: LoadedModel, dtype: str) -> Drafter | None:
     kind, _, arg = spec.partition(":")
     if kind in DRAFTERS:
         return DRAFTERS[kind](arg or None, target, dtype)
-    try:
-        resolve(spec)
-    except EvospecError as error:
+    if not names_a_model(spec):
         kinds = ", ".join(f"{name}:..." for name in DRAFTERS)
-        raise EvospecError(f"unknown drafter {spec!r}: not '{NO_DRAFTER}', {kinds} or a model ({error})") from None
+        raise EvospecError(f"unknown drafter {spec!r}: not '{NO_DRAFTER}', {kinds}, a zoo alias or a model path")
     return _build_small_lm(spec, target, dtype)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from evospec.sampling import Sampler
-from evospec.target import CachedLM
+from evospec.target import LanguageModel
 from evospec.types import Draft
 
 
@@ -24,7 +24,7 @@ class SmallLMDrafter:
     accepted), trims the rest (what was rejected) and catches up on the tokens it did not draft.
     """
 
-    def __init__(self, lm: CachedLM, name: str) -> None:
+    def __init__(self, lm: LanguageModel, name: str) -> None:
         self.lm = lm
         self.name = name
         self.cached_ids: list[int] = []

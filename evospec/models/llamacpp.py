@@ -1,0 +1,183 @@
+"""The llama.cpp backend: a GGUF model run by llama.cpp through llama-cpp-python's C bindings.
+
+One `llama_decode` call evaluates the pending token plus the draft with logits at every position;
+a rejected draft is forgotten by removing its positions from the KV cache. Logits come back as a
+torch view of llama.cpp's own output buffer (no copy), valid until the next forward.
+
+Lossless needs each row of a verification to be computed exactly as a one-token decoding step
+would compute it. Measured on Qwen2.5-Coder Q4_K_M (AVX2): with the weights repacked for batched
+matmuls (llama.cpp's default "extra buffer types") rows differ from 2 rows on; without repacking
+they are bit-identical up to 7 rows and differ from 8 on. So weights stay unpacked and a longer
+verification is evaluated in chunks of `exact_rows`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from evospec.errors import EvospecError
+
+SEQUENCE = 0  # batch 1: every token lives in sequence 0
+
+
+@dataclass(frozen=True)
+class LlamaCppConfig:
+    """How llama.cpp contexts are made. Each default is defined here, once."""
+
+    max_context: int = 8192  # KV cache size cap; the model's training context if that is smaller
+    batch_size: int = 512  # tokens per llama_decode call (a longer prompt is fed in chunks)
+    threads: int | None = None  # None: every core this process may run on
+    exact_rows: int = 7  # the most rows per verification call that decode exactly as one-token steps
+
+
+def _bindings():
+    """The llama_cpp module, initialised once; a clear error when it is not installed."""
+    try:
+        import llama_cpp
+    except ImportError as error:
+        raise EvospecError(
+            "the llama.cpp backend needs llama-cpp-python (`pip install llama-cpp-python`), or use --backend hf"
+        ) from error
+    return llama_cpp
+
+
+def default_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class LlamaCppModel:
+    """The weights of one GGUF file, loaded once (memory-mapped); `new_lm()` makes a context with its own cache."""
+
+    def __init__(self, gguf_file: Path, config: LlamaCppConfig = LlamaCppConfig()) -> None:
+        lib = _bindings()
+        lib.llama_backend_init()
+        lib.llama_log_set(_SILENT_LOG, ctypes.c_void_p())  # llama.cpp logs every load to stderr otherwise
+        params = lib.llama_model_default_params()
+        params.use_extra_bufts = False  # repacked weights make batched rows differ from one-token steps
+        self._lib = lib
+        self.path = gguf_file
+        self.config = config
+        self.handle = lib.llama_model_load_from_file(str(gguf_file).encode(), params)
+        if not self.handle:
+            raise EvospecError(f"{gguf_file}: llama.cpp could not load this GGUF file")
+        vocab = lib.llama_model_get_vocab(self.handle)
+        self.vocab_size = lib.llama_vocab_n_tokens(vocab)
+        self.hidden_size = lib.llama_model_n_embd(self.handle)
+        self.context_length = min(lib.llama_model_n_ctx_train(self.handle), config.max_context)
+        self.eog_token_ids = frozenset(t for t in range(self.vocab_size) if lib.llama_vocab_is_eog(vocab, t))
+
+    def new_lm(self, hidden_states: bool = False) -> LlamaCppLM:
+        """A fresh context over these weights; hidden_states turns on llama.cpp's per-token embeddings output."""
+        return LlamaCppLM(self, hidden_states)
+
+    def __del__(self) -> None:
+        if getattr(self, "handle", None):
+            self._lib.llama_model_free(self.handle)
+            self.handle = None
+
+
+class LlamaCppLM:
+    """A llama.cpp context holding the first `length` tokens of one sequence: the llama.cpp CachedLM."""
+
+    def __init__(self, model: LlamaCppModel, hidden_states: bool = False) -> None:
+        lib = model._lib
+        params = lib.llama_context_default_params()
+        params.n_ctx = model.context_length
+        params.n_batch = params.n_ubatch = model.config.batch_size
+        params.n_threads = params.n_threads_batch = model.config.threads or default_threads()
+        params.n_seq_max = 1
+        params.embeddings = hidden_states
+        if hidden_states:
+            params.pooling_type = lib.LLAMA_POOLING_TYPE_NONE  # one hidden state per token, not pooled
+        self._lib = lib
+        self.model = model  # keeps the weights alive as long as the context
+        self.handle = lib.llama_init_from_model(model.handle, params)
+        if not self.handle:
+            raise EvospecError(f"{model.path}: llama.cpp could not create a context of {params.n_ctx} tokens")
+        self._memory = lib.llama_get_memory(self.handle)
+        self._batch = lib.llama_batch_init(model.config.batch_size, 0, 1)
+        self._hidden_states = hidden_states
+        self.length = 0
+
+    def reset(self) -> None:
+        """Forget every cached token."""
+        self._lib.llama_memory_clear(self._memory, True)
+        self.length = 0
+
+    def forward(self, token_ids: Sequence[int], num_logits: int = 0) -> torch.Tensor:
+        """Append token_ids [n] to the cache -> logits [n, V] float32 (the last num_logits rows only, if > 0).
+
+        With every row asked for (a verification), calls hold at most `exact_rows` tokens. The tensor
+        views llama.cpp's output buffer when one call sufficed: use it before the next forward.
+        """
+        n = len(token_ids)
+        if num_logits > 0:  # a prefill or catch-up: big chunks, outputs only at the end
+            rows = min(num_logits, n)
+            self._decode(token_ids, self.model.config.batch_size, first_output=n - rows)
+            return self._logits(rows)
+        chunk = self.model.config.exact_rows
+        if n <= chunk:
+            self._decode(token_ids, chunk, first_output=0)
+            return self._logits(n)
+        parts = []
+        for start in range(0, n, chunk):
+            self._decode(token_ids[start : start + chunk], chunk, first_output=0)
+            parts.append(self._logits(min(chunk, n - start)).clone())  # the next call overwrites the buffer
+        return torch.cat(parts)
+
+    def _logits(self, rows: int) -> torch.Tensor:
+        """The last call's output logits [rows, V], viewed in place."""
+        logits = self._lib.llama_get_logits(self.handle)
+        return torch.from_numpy(np.ctypeslib.as_array(logits, shape=(rows, self.model.vocab_size)))
+
+    def forward_with_hidden(self, token_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like forward -> (logits [n, V], final hidden states [n, H]); needs a context made with hidden_states."""
+        if not self._hidden_states:
+            raise EvospecError("this llama.cpp context was made without hidden states (new_lm(hidden_states=True))")
+        if len(token_ids) > self.model.config.exact_rows:
+            raise EvospecError(f"forward_with_hidden takes at most {self.model.config.exact_rows} tokens per call")
+        logits = self.forward(token_ids)
+        embeddings = self._lib.llama_get_embeddings(self.handle)
+        hidden = np.ctypeslib.as_array(embeddings, shape=(len(token_ids), self.model.hidden_size))
+        return logits, torch.from_numpy(hidden)
+
+    def trim(self, length: int) -> None:
+        """Keep the first `length` cached tokens."""
+        if length < self.length:
+            self._lib.llama_memory_seq_rm(self._memory, SEQUENCE, length, -1)
+            self.length = length
+
+    def _decode(self, token_ids: Sequence[int], chunk_size: int, first_output: int) -> None:
+        """Feed token_ids in calls of at most chunk_size; positions from first_output on produce outputs."""
+        batch = self._batch
+        for start in range(0, len(token_ids), chunk_size):
+            chunk = token_ids[start : start + chunk_size]
+            batch.n_tokens = len(chunk)
+            for i, token in enumerate(chunk):
+                batch.token[i] = token
+                batch.pos[i] = self.length + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = SEQUENCE
+                batch.logits[i] = start + i >= first_output
+            status = self._lib.llama_decode(self.handle, batch)
+            if status != 0:
+                raise EvospecError(f"llama_decode failed with status {status} at position {self.length}")
+            self.length += len(chunk)
+
+    def __del__(self) -> None:
+        if getattr(self, "handle", None):
+            self._lib.llama_batch_free(self._batch)
+            self._lib.llama_free(self.handle)
+            self.handle = None
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+def _SILENT_LOG(level, text, user_data):  # noqa: N802 (a C callback object)
+    """Drops llama.cpp's log lines; errors surface as return codes instead."""
