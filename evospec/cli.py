@@ -48,15 +48,18 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from evospec.drafters.registry import build_drafter
     from evospec.generation import TextGenerator
     from evospec.models.loading import load_model
+    from evospec.selection import DEFAULT_SELECTOR, build_selector
 
     config = _generation_config(args)  # validate settings before loading GBs of weights
     specs = args.drafter or ["none"]
-    if len(specs) > 1:
-        raise EvospecError("several --drafter values need a selector, which this version does not have yet")
+    if args.selector and len(specs) < 2:
+        raise EvospecError("--selector picks among several drafters: give --drafter more than once")
     target = load_model(args.target, args.dtype, args.backend)
-    drafter = build_drafter(specs[0], target, args.dtype)
+    drafters = [drafter for spec in specs if (drafter := build_drafter(spec, target, args.dtype))]
+    names = [drafter.name for drafter in drafters]
+    selector = build_selector(args.selector or DEFAULT_SELECTOR, names) if len(drafters) > 1 else None
     draft_length = adaptive_draft_length(target, config.num_speculative_tokens) if args.adaptive_k else None
-    generator = TextGenerator(target, drafter, draft_length)
+    generator = TextGenerator(target, drafters, draft_length, selector)
     stream = generator.stream(args.prompt, config, chat=args.chat)
     if args.json:
         for _ in stream:
@@ -109,6 +112,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
         target=args.target,
         draft_model=args.draft_model,
         methods=tuple(args.method) if args.method else None,
+        suite=args.suite,
+        stream=args.stream,
         per_category=args.per_category,
         dtype=args.dtype,
         backend=args.backend,
@@ -126,7 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     generate = commands.add_parser("generate", help="generate text from a prompt")
     generate.add_argument("prompt")
     generate.add_argument("--target", required=True, help="zoo alias, local directory, .gguf file or HF id")
-    generate.add_argument("--drafter", action="append", help="none | ngram | lm:MODEL (or just MODEL); default none")
+    generate.add_argument("--drafter", action="append",
+                          help="none | ngram | suffix | lm:MODEL (or just MODEL); repeat for a selector to pick among")
+    generate.add_argument("--selector", help="ucb-bd (default with several drafters) | ucb-be | exp3 | thompson | "
+                                             "egreedy | round-robin | fixed:NAME")
     _add_generation_options(generate)
     generate.add_argument("--temperature", type=float, default=DEFAULT_SAMPLING.temperature)
     generate.add_argument("--top-k", type=int, default=DEFAULT_SAMPLING.top_k)
@@ -154,7 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="interleaved benchmark on Spec-Bench (greedy, batch 1)")
     bench.add_argument("--target", default=DEFAULT_TARGET)
     bench.add_argument("--draft-model", default=DEFAULT_DRAFT_MODEL)
-    bench.add_argument("--method", action="append", help="a method to run (repeatable); default: all")
+    bench.add_argument("--method", action="append", help="a method to run (repeatable); default: the suite's")
+    bench.add_argument("--suite", choices=("engine", "selection"), default="engine",
+                       help="engine: baselines and each drafter; selection: each drafter, every selector, the oracle")
+    bench.add_argument("--stream", default="mixed", help="mixed (category after category) or category:NAME")
     bench.add_argument("--per-category", type=int, default=5)
     bench.add_argument("--out", default="benchmarks/latest", help="directory for results.json, results.md, plot")
     _add_generation_options(bench)

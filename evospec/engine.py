@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+
+import torch
 
 from evospec.config import GenerationConfig
 from evospec.draft_length import DraftLength, FixedDraftLength
@@ -11,24 +13,34 @@ from evospec.drafters import Drafter, empty_draft
 from evospec.errors import EvospecError
 from evospec.sampling import Sampler
 from evospec.stats import SpecStats
+from evospec.selection import Selector, block_divergence, block_efficiency, build_selector
 from evospec.target import LanguageModel
-from evospec.types import Draft
+from evospec.types import Attempt, Verdict
 from evospec.verify import verify
 
 
 class Engine:
-    """A target, an optional drafter, and the loop that makes them speak as the target alone would."""
+    """A target, drafters with a selector that picks one per round, and the loop that makes them speak
+    as the target alone would. No drafter: plain decoding."""
 
     def __init__(
         self,
         target: LanguageModel,
-        drafter: Drafter | None,
+        drafters: Sequence[Drafter],
         eos_token_ids: frozenset[int],
         context_length: int,
         draft_length: DraftLength | None = None,
+        selector: Selector | None = None,
     ) -> None:
         self.target = target
-        self.drafter = drafter
+        self.drafters = {drafter.name: drafter for drafter in drafters}
+        if len(self.drafters) != len(drafters):
+            raise EvospecError(f"drafter names must differ, got {[drafter.name for drafter in drafters]}")
+        if selector is None and len(drafters) > 1:
+            raise EvospecError("several drafters need a selector")
+        if selector is not None and set(selector.arms) != set(self.drafters):
+            raise EvospecError(f"the selector's arms {selector.arms} are not the drafters {list(self.drafters)}")
+        self.selector = selector or (build_selector(f"fixed:{drafters[0].name}", [drafters[0].name]) if drafters else None)
         self.eos_token_ids = eos_token_ids
         self.context_length = context_length
         self.draft_length = draft_length or FixedDraftLength()
@@ -45,20 +57,22 @@ class Engine:
         sampler = Sampler(config.sampling)
         context = list(prompt_ids)
         self.target.reset()
-        if self.drafter is not None:
-            self.drafter.begin(context)
+        for drafter in self.drafters.values():
+            drafter.begin(context)
+        if self.selector is not None:
+            self.selector.begin_request()
         try:
-            logits, draft = self.target.forward(context, num_logits=1), empty_draft()  # [1, V]
+            logits, attempt = self.target.forward(context, num_logits=1), None  # [1, V]; the prefill drafts nothing
             stats.prompt_tokens += len(prompt_ids)
             stats.prefill_s += time.perf_counter() - start
             budget = config.max_new_tokens
-            draft_s = 0.0
             while True:
-                # 1. Accept a prefix of the draft, plus one token of the target's own.
+                # 1. Accept a prefix of the draft, plus one token of the target's own; tell who drafted.
+                draft = attempt.draft if attempt else empty_draft()
                 verdict = verify(logits, draft, sampler)
                 stats.record(draft, verdict)
-                if self.drafter is not None:
-                    self.draft_length.observe(self.drafter.name, draft, verdict.num_accepted, draft_s)
+                if attempt:
+                    self._feed_back(attempt, verdict, logits, sampler, stats)
                 # 2. The cache keeps the pending token and the accepted drafts; the new last token is pending.
                 self.target.trim(len(context) + verdict.num_accepted)
                 for token in verdict.emitted[:budget]:
@@ -70,28 +84,38 @@ class Engine:
                         return
                 if budget == 0 or len(context) >= self.context_length:
                     return
-                # 3. Draft no more than the budget, the context window and the draft-length policy allow.
-                draft, draft_s = self._draft(context, min(budget - 1, self.context_length - len(context)), config, sampler)
-                stats.draft_s += draft_s
+                # 3. A selected drafter drafts no more than the budget, the window and the draft-length policy allow.
+                attempt = self._draft(context, min(budget - 1, self.context_length - len(context)), config, sampler)
                 # 4. One target pass over the pending token and the draft: p at every position.
                 target_start = time.perf_counter()
-                logits = self.target.forward([context[-1], *draft.tokens.tolist()])  # [m + 1, V]
-                stats.target_s += time.perf_counter() - target_start
+                logits = self.target.forward([context[-1], *(attempt.draft.tokens.tolist() if attempt else [])])
+                stats.target_s += time.perf_counter() - target_start  # logits: [m + 1, V]
         finally:
             self.target.trim(len(context) - 1)  # an early stop leaves a cache that matches the context
             stats.wall_s += time.perf_counter() - start
 
-    def _draft(self, context: list[int], room: int, config: GenerationConfig, sampler: Sampler) -> tuple[Draft, float]:
-        """The draft to verify this round (at most room tokens) and the seconds drafting took."""
-        if self.drafter is None:
-            return empty_draft(), 0.0
-        k = self.draft_length.budget(self.drafter.name, min(config.num_speculative_tokens, room))
-        if k <= 0:
-            return empty_draft(), 0.0
+    def _draft(self, context: list[int], room: int, config: GenerationConfig, sampler: Sampler) -> Attempt | None:
+        """This round's attempt: the selected drafter's draft of at most `room` tokens (None without drafters)."""
+        if self.selector is None:
+            return None
+        name = self.selector.select()
+        asked = self.draft_length.budget(name, min(config.num_speculative_tokens, room))
+        if asked <= 0:
+            return Attempt(name, empty_draft(), asked=0, draft_s=0.0)
         start = time.perf_counter()
-        draft = self.drafter.propose(context, k, sampler)
+        draft = self.drafters[name].propose(context, asked, sampler)
         seconds = time.perf_counter() - start
-        return draft.truncated(self.draft_length.keep(self.drafter.name, draft)), seconds
+        return Attempt(name, draft.truncated(self.draft_length.keep(name, draft)), asked, seconds)
+
+    def _feed_back(self, attempt: Attempt, verdict: Verdict, logits: torch.Tensor, sampler: Sampler, stats: SpecStats) -> None:
+        """The round's outcome to the selector (its reward), the draft-length policy and the per-drafter stats."""
+        if self.selector.reward_kind == "be":
+            reward = block_efficiency(attempt.draft, verdict, attempt.asked)
+        else:
+            reward = block_divergence(logits, attempt.draft, sampler, attempt.asked)
+        self.selector.update(attempt.drafter, reward)
+        self.draft_length.observe(attempt.drafter, attempt.draft, verdict.num_accepted, attempt.draft_s)
+        stats.record_drafter(attempt, verdict, reward)
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:

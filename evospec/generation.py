@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from evospec.config import GenerationConfig
 from evospec.draft_length import DraftLength
@@ -10,6 +10,7 @@ from evospec.drafters import Drafter
 from evospec.engine import Engine
 from evospec.errors import EvospecError
 from evospec.models.loading import LoadedModel, context_length, eos_token_ids
+from evospec.selection import Selector
 from evospec.stats import SpecStats
 
 
@@ -59,12 +60,20 @@ class TextStream:
 
 
 class TextGenerator:
-    """A loaded target and drafter behind a text interface."""
+    """A loaded target and its drafters (none: plain decoding) behind a text interface."""
 
-    def __init__(self, target: LoadedModel, drafter: Drafter | None, draft_length: DraftLength | None = None) -> None:
+    def __init__(
+        self,
+        target: LoadedModel,
+        drafters: Sequence[Drafter],
+        draft_length: DraftLength | None = None,
+        selector: Selector | None = None,
+    ) -> None:
         self.target = target
         self.tokenizer = target.tokenizer
-        self.engine = Engine(target.new_lm(), drafter, eos_token_ids(target), context_length(target), draft_length)
+        self.engine = Engine(
+            target.new_lm(), drafters, eos_token_ids(target), context_length(target), draft_length, selector
+        )
 
     def stream(self, prompt: str, config: GenerationConfig, chat: bool = False) -> TextStream:
         """Start a generation; iterate the result for text pieces."""

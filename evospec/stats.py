@@ -5,7 +5,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from evospec.types import Draft, Verdict
+from evospec.types import Attempt, Draft, Verdict
+
+
+@dataclass
+class DrafterStats:
+    """One drafter's share of the rounds (an arm of the selector)."""
+
+    pulls: int = 0  # rounds in which the selector picked it
+    reward_sum: float = 0.0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    emitted: int = 0  # tokens its rounds emitted, accepted drafts plus the target's own
+    draft_s: float = 0.0  # in its propose, catch-up on the tokens it did not see included
+
+    def merge(self, other: DrafterStats) -> None:
+        for name in ("pulls", "reward_sum", "num_draft_tokens", "num_accepted_tokens", "emitted", "draft_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pulls": self.pulls,
+            "mean_reward": self.reward_sum / self.pulls if self.pulls else None,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "tau": self.emitted / self.pulls if self.pulls else None,
+            "draft_s": self.draft_s,
+        }
 
 
 @dataclass
@@ -23,6 +49,7 @@ class SpecStats:
     draft_s: float = 0.0  # in drafters' propose (catch-up included)
     target_s: float = 0.0  # in target forwards after the prefill
     wall_s: float = 0.0  # prefill included
+    drafters: dict[str, DrafterStats] = field(default_factory=dict)  # per drafter (selector arm)
 
     def record(self, draft: Draft, verdict: Verdict) -> None:
         self.num_verifications += 1
@@ -34,10 +61,22 @@ class SpecStats:
             for position in range(verdict.num_accepted):
                 self.num_accepted_tokens_per_pos[position] += 1
 
+    def record_drafter(self, attempt: Attempt, verdict: Verdict, reward: float) -> None:
+        arm = self.drafters.setdefault(attempt.drafter, DrafterStats())
+        arm.pulls += 1
+        arm.reward_sum += reward
+        arm.num_draft_tokens += attempt.draft.size
+        arm.num_accepted_tokens += verdict.num_accepted
+        arm.emitted += len(verdict.emitted)
+        arm.draft_s += attempt.draft_s
+        self.draft_s += attempt.draft_s
+
     def merge(self, other: SpecStats) -> None:
         for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_verifications",
                      "new_tokens", "prompt_tokens", "prefill_s", "draft_s", "target_s", "wall_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name, arm in other.drafters.items():
+            self.drafters.setdefault(name, DrafterStats()).merge(arm)
         self._grow(len(other.num_accepted_tokens_per_pos))
         for position, count in enumerate(other.num_accepted_tokens_per_pos):
             self.num_accepted_tokens_per_pos[position] += count
@@ -89,4 +128,5 @@ class SpecStats:
             "loop_overhead_us": self.loop_overhead_us,
             "wall_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s,
+            "drafters": {name: arm.to_dict() for name, arm in self.drafters.items()},
         }

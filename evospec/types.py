@@ -37,3 +37,13 @@ class Verdict:
 
     num_accepted: int  # accepted draft tokens, 0..m
     emitted: list[int]  # num_accepted + 1 token ids to append to the context
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One drafter's turn in a round: what it was asked for and what it drafted."""
+
+    drafter: str  # the name of the drafter the selector picked
+    draft: Draft  # what will be verified (possibly cut short by the draft-length policy)
+    asked: int  # tokens asked of the drafter; 0 when the policy chose a plain step
+    draft_s: float  # seconds in the drafter's propose, catch-up on unseen tokens included

@@ -10,6 +10,7 @@ import pytest
 from evospec.bench.runner import BenchSettings, run_bench
 from evospec.bench.workloads import MT_BENCH, spec_bench
 from evospec.config import GenerationConfig
+from evospec.errors import EvospecError
 
 SMOL = "smollm2-135m-instruct"
 FIELDS = {"tokens_per_s", "tau", "acceptance_rate", "speedup_vs_plain", "rounds", "new_tokens", "wall_s", "learn_s"}
@@ -22,27 +23,42 @@ def test_spec_bench_has_six_categories_and_takes_mt_bench_round_robin():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("backend", "dtype", "baselines"),
-    [("hf", "fp32", ["hf-plain", f"hf-assisted:{SMOL}"]), ("llamacpp", None, ["llamacpp-plain", "llamacpp-lookup"])],
-)
-def test_bench_writes_results_in_the_agreed_shape(tmp_path: Path, backend, dtype, baselines):
+def test_bench_writes_results_in_the_agreed_shape_for_every_category(tmp_path: Path):
     settings = BenchSettings(
-        target=SMOL, draft_model=SMOL, methods=None, per_category=1, dtype=dtype, backend=backend,
+        target=SMOL, draft_model=SMOL, methods=("llamacpp-plain", "evospec-plain", "evospec:ngram"), suite="engine",
+        stream="mixed", per_category=1, dtype=None, backend="llamacpp",
         generation=GenerationConfig(max_new_tokens=8), out_dir=tmp_path, command="evospec bench (test)",
     )
     run_bench(settings)
     results = json.loads((tmp_path / "results.json").read_text())
-    assert set(results["methods"]) == {
-        *baselines, "evospec-plain", f"evospec:{SMOL}", "evospec:ngram", f"evospec:{SMOL}/k=auto", "evospec:ngram/k=auto"
-    }
+    assert results["stream"] == "mixed" and results["backend"] == "llamacpp"
     for method in results["methods"].values():
         assert FIELDS <= set(method)
         assert len(method["per_category"]) == 6 and method["new_tokens"] > 0
-    plain = "llamacpp-plain" if backend == "llamacpp" else "evospec-plain"
-    assert results["plain_method"] == plain and results["methods"][plain]["speedup_vs_plain"] == 1.0
+    assert results["plain_method"] == "llamacpp-plain"
+    assert results["methods"]["llamacpp-plain"]["speedup_vs_plain"] == 1.0
     assert (tmp_path / "results.md").read_text().count("|") > 20
     assert (tmp_path / "speedup.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("backend", "dtype", "baselines"),
+    [("hf", "fp32", ["hf-plain", f"hf-assisted:{SMOL}"]), ("llamacpp", None, ["llamacpp-plain", "llamacpp-lookup"])],
+)
+def test_the_engine_suite_has_each_backends_baselines(tmp_path: Path, backend, dtype, baselines):
+    settings = BenchSettings(
+        target=SMOL, draft_model=SMOL, methods=None, suite="engine", stream="category:qa", per_category=1,
+        dtype=dtype, backend=backend, generation=GenerationConfig(max_new_tokens=8), out_dir=tmp_path,
+        command="evospec bench (test)",
+    )
+    run_bench(settings)
+    results = json.loads((tmp_path / "results.json").read_text())
+    singles = [f"evospec:{SMOL}", "evospec:ngram", "evospec:suffix"]
+    assert set(results["methods"]) == {*baselines, "evospec-plain", *singles, *(f"{name}/k=auto" for name in singles)}
+    assert results["stream"] == "category:qa" and all(m["new_tokens"] > 0 for m in results["methods"].values())
+    plain = "llamacpp-plain" if backend == "llamacpp" else "evospec-plain"
+    assert results["plain_method"] == plain
 
 
 @pytest.mark.slow
@@ -55,3 +71,27 @@ def test_demo_prints_each_method_and_the_total(capsys, monkeypatch):
     assert status == 0
     assert "evospec-plain" in out and f"evospec:{SMOL}" in out and "evospec:ngram" in out
     assert "all" in out and "1.00x" in out
+
+
+@pytest.mark.slow
+def test_the_selection_suite_adds_the_oracle_and_plots_regret_and_arm_shares(tmp_path: Path):
+    settings = BenchSettings(
+        target=SMOL, draft_model=SMOL, methods=None, suite="selection", stream="category:qa", per_category=2, dtype=None,
+        backend="llamacpp", generation=GenerationConfig(max_new_tokens=8, num_speculative_tokens=3), out_dir=tmp_path,
+        command="evospec bench --suite selection (test)",
+    )
+    run_bench(settings)
+    methods = json.loads((tmp_path / "results.json").read_text())["methods"]
+    singles = [f"evospec:{SMOL}", "evospec:ngram", "evospec:suffix"]
+    assert {"evospec-plain", *singles, "select:ucb-bd", "select:exp3", "oracle"} <= set(methods)
+    assert methods["oracle"]["best"] in singles
+    assert methods["oracle"]["tokens_per_s"] == max(methods[name]["tokens_per_s"] for name in singles)
+    assert (tmp_path / "selection.png").stat().st_size > 1000
+
+
+def test_an_unknown_stream_names_the_categories():
+    from evospec.bench.runner import _stream
+
+    assert {prompt.category for prompt in _stream("category:qa", 2)} == {"qa"}
+    with pytest.raises(EvospecError, match="math_reasoning"):
+        _stream("category:poetry", 1)

@@ -68,7 +68,7 @@ def test_a_drafter_that_never_pays_is_dropped_and_later_tried_again():
 @pytest.mark.parametrize("drafter_kind", ["ngram", "noisy-lm"])
 def test_adaptive_draft_length_is_lossless(tiny_target, tiny_drafter, drafter_kind):
     drafter = NgramDrafter() if drafter_kind == "ngram" else SmallLMDrafter(CachedLM(tiny_drafter), "noisy")
-    engine = Engine(CachedLM(tiny_target), drafter, frozenset(), 256, AdaptiveDraftLength(STEEP))
+    engine = Engine(CachedLM(tiny_target), [drafter], frozenset(), 256, AdaptiveDraftLength(STEEP))
     config = GenerationConfig(max_new_tokens=24, num_speculative_tokens=4)
     lengths = set()
     for prompt in random_prompts(10, seed=11):

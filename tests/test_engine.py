@@ -5,16 +5,17 @@ from __future__ import annotations
 import pytest
 
 from evospec.config import GenerationConfig, SamplingConfig
-from evospec.drafters import NgramDrafter, SmallLMDrafter
+from evospec.drafters import NgramDrafter, SmallLMDrafter, SuffixDrafter
 from evospec.engine import Engine
 from evospec.errors import EvospecError
+from evospec.selection import SELECTORS, build_selector
 from evospec.stats import SpecStats
 from evospec.target import CachedLM
 
 from conftest import random_prompts, reference_greedy
 
 MAX_NEW = 24
-DRAFTERS = ["none", "self", "noisy-lm", "ngram"]
+DRAFTERS = ["none", "self", "noisy-lm", "ngram", "suffix"]
 
 
 def make_drafter(kind: str, target_model, drafter_model):
@@ -23,6 +24,7 @@ def make_drafter(kind: str, target_model, drafter_model):
         "self": lambda: SmallLMDrafter(CachedLM(target_model), "self"),
         "noisy-lm": lambda: SmallLMDrafter(CachedLM(drafter_model), "noisy"),
         "ngram": lambda: NgramDrafter(),
+        "suffix": lambda: SuffixDrafter(),
     }[kind]()
 
 
@@ -40,7 +42,7 @@ def plain_outputs(tiny_target) -> dict[tuple[int, ...], list[int]]:
 @pytest.mark.parametrize("drafter_kind", DRAFTERS)
 def test_greedy_equals_plain_decoding(tiny_target, tiny_drafter, plain_outputs, drafter_kind, k):
     drafter = make_drafter(drafter_kind, tiny_target, tiny_drafter)
-    engine = Engine(CachedLM(tiny_target), drafter, eos_token_ids=frozenset(), context_length=256)
+    engine = Engine(CachedLM(tiny_target), [drafter] if drafter else [], eos_token_ids=frozenset(), context_length=256)
     config = GenerationConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=k)
     for prompt, expected in plain_outputs.items():
         tokens, stats = run(engine, list(prompt), config)
@@ -51,7 +53,7 @@ def test_greedy_equals_plain_decoding(tiny_target, tiny_drafter, plain_outputs, 
 
 
 def test_self_drafting_emits_k_plus_one_per_round(tiny_target):
-    engine = Engine(CachedLM(tiny_target), SmallLMDrafter(CachedLM(tiny_target), "self"), frozenset(), 256)
+    engine = Engine(CachedLM(tiny_target), [SmallLMDrafter(CachedLM(tiny_target), "self")], frozenset(), 256)
     _, stats = run(engine, [1, 2, 3], GenerationConfig(max_new_tokens=21, num_speculative_tokens=4))
     # The prefill's round gives the first token, then four rounds of 4 accepted + 1.
     assert stats.num_verifications == 5 and stats.num_drafts == 4 and stats.tau == 21 / 5
@@ -64,27 +66,27 @@ def test_stops_at_eos_and_yields_it(tiny_target, tiny_drafter):
     eos = plain[5]
     expected = plain[: plain.index(eos) + 1]
     for drafter in (None, SmallLMDrafter(CachedLM(tiny_drafter), "noisy"), NgramDrafter()):
-        engine = Engine(CachedLM(tiny_target), drafter, frozenset({eos}), 256)
+        engine = Engine(CachedLM(tiny_target), [drafter] if drafter else [], frozenset({eos}), 256)
         tokens, stats = run(engine, prompt, GenerationConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=4))
         assert tokens == expected
         assert stats.new_tokens == len(expected)
 
 
 def test_a_one_token_prompt(tiny_target, tiny_drafter):
-    engine = Engine(CachedLM(tiny_target), SmallLMDrafter(CachedLM(tiny_drafter), "noisy"), frozenset(), 256)
+    engine = Engine(CachedLM(tiny_target), [SmallLMDrafter(CachedLM(tiny_drafter), "noisy")], frozenset(), 256)
     tokens, _ = run(engine, [7], GenerationConfig(max_new_tokens=MAX_NEW))
     assert tokens == reference_greedy(tiny_target, [7], MAX_NEW)
 
 
 def test_stops_when_the_context_is_full(tiny_target):
-    engine = Engine(CachedLM(tiny_target), NgramDrafter(), frozenset(), context_length=20)
+    engine = Engine(CachedLM(tiny_target), [NgramDrafter()], frozenset(), context_length=20)
     tokens, _ = run(engine, list(range(15)), GenerationConfig(max_new_tokens=50, num_speculative_tokens=8))
     assert tokens == reference_greedy(tiny_target, list(range(15)), 5)
 
 
 def test_early_close_leaves_a_consistent_cache(tiny_target, tiny_drafter):
     target = CachedLM(tiny_target)
-    engine = Engine(target, SmallLMDrafter(CachedLM(tiny_drafter), "noisy"), frozenset(), 256)
+    engine = Engine(target, [SmallLMDrafter(CachedLM(tiny_drafter), "noisy")], frozenset(), 256)
     prompt = [5, 6, 7, 8]
     tokens = engine.generate(prompt, GenerationConfig(max_new_tokens=30), SpecStats())
     taken = [next(tokens) for _ in range(7)]
@@ -96,7 +98,7 @@ def test_early_close_leaves_a_consistent_cache(tiny_target, tiny_drafter):
 
 
 def test_sampling_is_seeded(tiny_target, tiny_drafter):
-    engine = Engine(CachedLM(tiny_target), SmallLMDrafter(CachedLM(tiny_drafter), "noisy"), frozenset(), 256)
+    engine = Engine(CachedLM(tiny_target), [SmallLMDrafter(CachedLM(tiny_drafter), "noisy")], frozenset(), 256)
     config = GenerationConfig(max_new_tokens=20, sampling=SamplingConfig(temperature=0.8, top_p=0.9, seed=7))
     first, stats = run(engine, [1, 2, 3], config)
     second, _ = run(engine, [1, 2, 3], config)
@@ -109,6 +111,46 @@ def test_sampling_is_seeded(tiny_target, tiny_drafter):
     [([], "empty"), (list(range(300)), "context")],
 )
 def test_bad_prompts_are_clear_errors(tiny_target, prompt, message):
-    engine = Engine(CachedLM(tiny_target), None, frozenset(), context_length=256)
+    engine = Engine(CachedLM(tiny_target), [], frozenset(), context_length=256)
     with pytest.raises(EvospecError, match=message):
         run(engine, prompt, GenerationConfig())
+
+
+@pytest.mark.parametrize("selector", [*(name for name in SELECTORS if name != "fixed"), "fixed:noisy"])
+def test_switching_drafters_is_lossless(tiny_target, tiny_drafter, plain_outputs, selector):
+    """round-robin switches every round, over all 20 prompts; the other selectors on 5 of them."""
+    drafters = [SmallLMDrafter(CachedLM(tiny_drafter), "noisy"), NgramDrafter(), SuffixDrafter(),
+                SmallLMDrafter(CachedLM(tiny_target), "self")]
+    engine = Engine(CachedLM(tiny_target), drafters, frozenset(), 256,
+                    selector=build_selector(selector, [d.name for d in drafters]))
+    config = GenerationConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=3)
+    total = SpecStats()
+    prompts = list(plain_outputs.items())[: None if selector == "round-robin" else 5]
+    for prompt, expected in prompts:
+        tokens, stats = run(engine, list(prompt), config)
+        assert tokens == expected, f"prompt {prompt}"
+        total.merge(stats)
+    pulled = {name for name, arm in total.drafters.items() if arm.pulls}
+    assert pulled == ({"noisy"} if selector == "fixed:noisy" else {d.name for d in drafters})
+    assert sum(arm.pulls for arm in total.drafters.values()) == total.num_verifications - len(prompts)
+
+
+def test_a_selector_keeps_sampling_seeded(tiny_target, tiny_drafter):
+    drafters = [SmallLMDrafter(CachedLM(tiny_drafter), "noisy"), NgramDrafter()]
+    config = GenerationConfig(max_new_tokens=20, sampling=SamplingConfig(temperature=0.8, seed=3))
+    outputs = []
+    for _ in range(2):
+        engine = Engine(CachedLM(tiny_target), drafters, frozenset(), 256,
+                        selector=build_selector("thompson", ["noisy", "ngram"]))
+        outputs.append(run(engine, [1, 2, 3, 1, 2], config)[0])
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 20
+
+
+def test_several_drafters_need_a_selector_over_exactly_them(tiny_target):
+    with pytest.raises(EvospecError, match="need a selector"):
+        Engine(CachedLM(tiny_target), [NgramDrafter(), SuffixDrafter()], frozenset(), 256)
+    with pytest.raises(EvospecError, match="arms"):
+        Engine(CachedLM(tiny_target), [NgramDrafter()], frozenset(), 256, selector=build_selector("ucb-bd", ["other"]))
+    with pytest.raises(EvospecError, match="must differ"):
+        Engine(CachedLM(tiny_target), [NgramDrafter(), NgramDrafter()], frozenset(), 256,
+               selector=build_selector("ucb-bd", ["ngram", "x"]))

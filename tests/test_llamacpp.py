@@ -58,7 +58,7 @@ def test_loads_the_gguf_file_directly(smollm):
 @pytest.mark.parametrize("drafter_kind", ["none", "ngram", "self"])
 def test_greedy_equals_llamacpp_greedy(smollm, expected, drafter_kind, k):
     drafter = {"none": None, "ngram": NgramDrafter(), "self": SmallLMDrafter(smollm.new_lm(), "self")}[drafter_kind]
-    generator = TextGenerator(smollm, drafter)
+    generator = TextGenerator(smollm, [drafter] if drafter else [])
     config = GenerationConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=k)
     for prompt in PROMPTS:
         result = generator.generate(prompt, config, chat=True)
@@ -95,7 +95,7 @@ def test_hidden_states_come_with_the_same_logits(smollm):
 
 def test_a_small_lm_drafter_on_llamacpp_is_lossless_with_early_stop(smollm, expected):
     target = smollm.new_lm()
-    engine = Engine(target, SmallLMDrafter(smollm.new_lm(), "self"), eos_token_ids(smollm), smollm.model.context_length)
+    engine = Engine(target, [SmallLMDrafter(smollm.new_lm(), "self")], eos_token_ids(smollm), smollm.model.context_length)
     prompt_ids = encode_prompt(smollm, PROMPTS[2], chat=True)
     tokens = engine.generate(prompt_ids, GenerationConfig(max_new_tokens=MAX_NEW), SpecStats())
     taken = [next(tokens) for _ in range(6)]

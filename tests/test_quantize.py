@@ -41,7 +41,7 @@ def test_quantize_replaces_every_linear(tiny_target):
 def test_greedy_on_the_int8_target_equals_its_plain_decoding(tiny_target, drafter_kind):
     model = quantize_int8_weights(copy.deepcopy(tiny_target))  # fp32 activations: exact comparison
     drafter = SmallLMDrafter(CachedLM(model), "self") if drafter_kind == "self" else NgramDrafter()
-    engine = Engine(CachedLM(model), drafter, frozenset(), context_length=256)
+    engine = Engine(CachedLM(model), [drafter], frozenset(), context_length=256)
     config = GenerationConfig(max_new_tokens=16, num_speculative_tokens=3)
     for prompt in random_prompts(8, seed=4):
         stats = SpecStats()

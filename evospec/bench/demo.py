@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm.auto import tqdm
 
-from evospec.bench.methods import build_methods
+from evospec.bench.methods import ADAPTIVE, build_methods
 from evospec.bench.report import aggregate
 from evospec.bench.workloads import spec_bench
 from evospec.config import GenerationConfig
@@ -31,7 +31,7 @@ def run_demo(
     console.print(f"loading target {target_spec} and drafter {draft_model_spec}")
     target = load_model(target_spec, dtype, backend)
     draft_model = load_model(draft_model_spec, dtype, target.backend)
-    names = [PLAIN, f"evospec:{draft_model.name}", "evospec:ngram"]
+    names = [PLAIN, f"evospec:{draft_model.name}", "evospec:ngram", f"evospec:ngram{ADAPTIVE}"]
     methods = build_methods(names, target, draft_model, config.num_speculative_tokens)
 
     runs: dict[str, list[SpecStats]] = {name: [] for name in names}

@@ -1,7 +1,8 @@
 """The methods a benchmark compares. Each turns prompt ids into SpecStats for one generation.
 
 Method names follow shared/benchmarks.md: hf-plain, hf-assisted:<drafter> (hf backend),
-llamacpp-plain, llamacpp-lookup (llama.cpp backend), evospec-plain, evospec:<drafter> (either).
+llamacpp-plain, llamacpp-lookup (llama.cpp backend), evospec-plain, evospec:<drafter>,
+select:<selector> (either); a /k=auto suffix marks the adaptive draft length.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import torch
 
 from evospec.config import GenerationConfig
 from evospec.draft_length import adaptive_draft_length
-from evospec.drafters import NgramDrafter, SmallLMDrafter
+from evospec.drafters import Drafter, NgramDrafter, SmallLMDrafter, SuffixDrafter
 from evospec.engine import Engine
 from evospec.errors import EvospecError
 from evospec.models.llamacpp import default_threads
 from evospec.models.loading import LoadedModel, context_length, eos_token_ids
+from evospec.selection import SELECTORS, build_selector
 from evospec.stats import SpecStats
 
 
@@ -118,9 +120,11 @@ class LlamaCppCompletionMethod:
             )
         finally:
             del self.llm.eval
+        # llama-cpp-python leaves the end-of-generation token out of its count; evospec counts it.
+        ended = completion["choices"][0]["finish_reason"] == "stop"
         return SpecStats(
             num_verifications=evals,  # the prefill gives the first token, as in evospec
-            new_tokens=completion["usage"]["completion_tokens"], prompt_tokens=len(prompt_ids),
+            new_tokens=completion["usage"]["completion_tokens"] + ended, prompt_tokens=len(prompt_ids),
             wall_s=time.perf_counter() - start,
         )
 
@@ -128,19 +132,33 @@ class LlamaCppCompletionMethod:
 def build_methods(
     names: list[str], target: LoadedModel, draft_model: LoadedModel | None, num_speculative_tokens: int
 ) -> list[BenchMethod]:
-    """Methods by name; a name with :<drafter> uses draft_model (or the n-gram drafter for :ngram)."""
+    """Methods by name: evospec:<drafter> (draft_model, ngram or suffix), select:<selector> over all of
+    them, and the baselines of the target's backend."""
     window = context_length(target)
     eos = eos_token_ids(target)
 
-    def engine(drafter, adaptive: bool = False) -> Engine:
+    def engine(drafters: list[Drafter], adaptive: bool = False, selector: str | None = None) -> Engine:
         draft_length = adaptive_draft_length(target, num_speculative_tokens) if adaptive else None
-        return Engine(target.new_lm(), drafter, eos, window, draft_length)
+        arms = build_selector(selector, [d.name for d in drafters]) if selector else None
+        return Engine(target.new_lm(), drafters, eos, window, draft_length, arms)
 
-    builders = {
-        "evospec-plain": lambda: EvospecMethod("evospec-plain", engine(None)),
-        "evospec:ngram": lambda: EvospecMethod("evospec:ngram", engine(NgramDrafter())),
-        f"evospec:ngram{ADAPTIVE}": lambda: EvospecMethod(f"evospec:ngram{ADAPTIVE}", engine(NgramDrafter(), True)),
-    }
+    def small_lm() -> list[Drafter]:
+        return [SmallLMDrafter(draft_model.new_lm(), draft_model.name)] if draft_model else []
+
+    single = {"ngram": NgramDrafter, "suffix": SuffixDrafter}
+    builders = {"evospec-plain": lambda: EvospecMethod("evospec-plain", engine([]))}
+    for drafter, make in single.items():
+        for suffix in ("", ADAPTIVE):
+            name = f"evospec:{drafter}{suffix}"
+            builders[name] = lambda name=name, make=make, adaptive=bool(suffix): EvospecMethod(
+                name, engine([make()], adaptive)
+            )
+    for selector in SELECTORS:
+        if selector != "fixed":
+            name = f"select:{selector}"
+            builders[name] = lambda name=name, selector=selector: EvospecMethod(
+                name, engine([*small_lm(), NgramDrafter(), SuffixDrafter()], selector=selector)
+            )
     if target.backend == "hf":
         builders["hf-plain"] = lambda: HFGenerateMethod("hf-plain", target)
     else:
@@ -155,9 +173,7 @@ def build_methods(
             )
         for suffix in ("", ADAPTIVE):
             name = f"evospec:{draft_model.name}{suffix}"
-            builders[name] = lambda name=name, adaptive=bool(suffix): EvospecMethod(
-                name, engine(SmallLMDrafter(draft_model.new_lm(), draft_model.name), adaptive)
-            )
+            builders[name] = lambda name=name, adaptive=bool(suffix): EvospecMethod(name, engine(small_lm(), adaptive))
     check_method_names(names, list(builders))
     return [builders[name]() for name in names]
 
@@ -169,10 +185,18 @@ def check_method_names(names: list[str], known: list[str]) -> None:
         raise EvospecError(f"unknown bench method(s) {unknown}; known: {sorted(known)}")
 
 
-def method_names(draft_model_name: str, backend: str) -> list[str]:
-    """Every method of the engine benchmark on a backend, baselines first."""
-    evospec = ["evospec-plain", f"evospec:{draft_model_name}", "evospec:ngram",
-               f"evospec:{draft_model_name}{ADAPTIVE}", f"evospec:ngram{ADAPTIVE}"]
+def method_names(draft_model_name: str, backend: str, suite: str = "engine") -> list[str]:
+    """The methods of a benchmark suite on a backend, baselines first.
+
+    engine: baselines, plain decoding and each drafter with fixed and adaptive k; selection: each
+    single drafter and every selector over all of them (MetaSD; the report adds the oracle).
+    """
+    singles = [f"evospec:{draft_model_name}", "evospec:ngram", "evospec:suffix"]
+    if suite == "selection":
+        return ["evospec-plain", *singles, *(f"select:{name}" for name in SELECTORS if name != "fixed")]
+    if suite != "engine":
+        raise EvospecError(f"unknown bench suite {suite!r}; choose engine or selection")
+    evospec = ["evospec-plain", *singles, *(f"{name}{ADAPTIVE}" for name in singles)]
     if backend == "hf":
         return ["hf-plain", f"hf-assisted:{draft_model_name}", *evospec]
     return ["llamacpp-plain", "llamacpp-lookup", *evospec]

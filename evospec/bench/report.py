@@ -41,6 +41,7 @@ def summarize(runs: dict[str, list[tuple[str, SpecStats]]]) -> tuple[dict[str, A
         methods[name]["per_category"] = {
             category: aggregate([stats for c, stats in method_runs if c == category]) for category in categories
         }
+    _add_oracle(methods)
     plain = next((name for name in PLAIN_METHODS if name in methods), next(iter(methods)))
     for fields in methods.values():
         fields["speedup_vs_plain"] = fields["tokens_per_s"] / methods[plain]["tokens_per_s"]
@@ -48,6 +49,70 @@ def summarize(runs: dict[str, list[tuple[str, SpecStats]]]) -> tuple[dict[str, A
             plain_rate = methods[plain]["per_category"][category]["tokens_per_s"]
             category_fields["speedup_vs_plain"] = category_fields["tokens_per_s"] / plain_rate
     return methods, plain
+
+
+def single_drafters(names: Sequence[str]) -> list[str]:
+    """The methods that run one drafter with a fixed draft length (evospec:<drafter>)."""
+    return [name for name in names if name.startswith("evospec:") and "/" not in name]
+
+
+def _add_oracle(methods: dict[str, Any]) -> None:
+    """With selectors in the run, "oracle": the best single drafter in hindsight (by tokens/s) over the
+    stream, and per category the best single drafter of that category (a stationary stream each)."""
+    singles = single_drafters(list(methods))
+    if not singles or not any(name.startswith("select:") for name in methods):
+        return
+    best = max(singles, key=lambda name: methods[name]["tokens_per_s"])
+    oracle = {**methods[best], "best": best, "per_category": {}}
+    for category in methods[best]["per_category"]:
+        best_here = max(singles, key=lambda name: methods[name]["per_category"][category]["tokens_per_s"])
+        oracle["per_category"][category] = {**methods[best_here]["per_category"][category], "best": best_here}
+    methods["oracle"] = oracle
+
+
+def plot_selection(runs: dict[str, list[tuple[str, SpecStats]]], path: Path) -> None:
+    """Left: each selector's cumulative regret in rounds against the single drafter with the fewest
+    rounds over the stream. Right: the share of pulls of each arm, prompt by prompt, for each selector."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    singles = single_drafters(list(runs))
+    selectors = [name for name in runs if name.startswith("select:")]
+    best = min(singles, key=lambda name: sum(stats.num_verifications for _, stats in runs[name]))
+    categories = [category for category, _ in runs[best]]
+    figure, (regret_axes, share_axes) = plt.subplots(1, 2, figsize=(14, 5))
+    for name in selectors:
+        regret, curve = 0, []
+        for (_, stats), (_, reference) in zip(runs[name], runs[best]):
+            regret += stats.num_verifications - reference.num_verifications
+            curve.append(regret)
+        regret_axes.plot(range(1, len(curve) + 1), curve, marker=".", label=name)
+    regret_axes.axhline(0, color="grey", linewidth=0.8)
+    regret_axes.set_xlabel("prompt (category blocks: " + ", ".join(dict.fromkeys(categories)) + ")")
+    regret_axes.set_ylabel(f"cumulative rounds - rounds of {best}")
+    regret_axes.set_title("regret in rounds (stopping time)")
+    regret_axes.legend(fontsize=8)
+    arms = sorted({arm for name in selectors for _, stats in runs[name] for arm in stats.drafters})
+    width = 0.8 / max(1, len(selectors))
+    for index, name in enumerate(selectors):
+        bottom = [0.0] * len(categories)
+        for arm_index, arm in enumerate(arms):
+            shares = []
+            for _, stats in runs[name]:
+                pulls = sum(a.pulls for a in stats.drafters.values())
+                shares.append(stats.drafters[arm].pulls / pulls if pulls and arm in stats.drafters else 0.0)
+            share_axes.bar([i + index * width for i in range(len(categories))], shares, width, bottom=bottom,
+                           color=f"C{arm_index}", label=arm if index == 0 else None, edgecolor="white", linewidth=0.3)
+            bottom = [b + v for b, v in zip(bottom, shares)]
+    share_axes.set_xlabel("prompt; one bar per selector: " + ", ".join(selectors))
+    share_axes.set_ylabel("share of pulls")
+    share_axes.set_title("arms pulled per prompt")
+    share_axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -66,7 +131,8 @@ def markdown(results: dict[str, Any]) -> str:
     for name, m in methods.items():
         rate = "-" if m["acceptance_rate"] is None else f"{m['acceptance_rate']:.2f}"
         # Only evospec's own loop is timed piece by piece; the baselines' loops are not visible.
-        overhead = f"{m['loop_overhead_us']:.0f}" if name.startswith("evospec") else "-"
+        overhead = f"{m['loop_overhead_us']:.0f}" if name.startswith(("evospec", "select")) else "-"
+        name = f"oracle ({m['best']})" if name == "oracle" else name
         lines.append(
             f"| {name} | {m['tokens_per_s']:.2f} | {m['speedup_vs_plain']:.2f}x | {m['tau']:.2f} | {rate} "
             f"| {m['new_tokens']} | {m['wall_s']:.1f} | {overhead} |"

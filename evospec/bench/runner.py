@@ -10,9 +10,10 @@ import torch
 from tqdm.auto import tqdm
 
 from evospec.bench.methods import build_methods, check_method_names, method_names
-from evospec.bench.report import summarize, write_report
-from evospec.bench.workloads import spec_bench
+from evospec.bench.report import plot_selection, single_drafters, summarize, write_report
+from evospec.bench.workloads import Prompt, spec_bench
 from evospec.config import DEFAULT_DTYPE, GenerationConfig
+from evospec.cost import COST_CONTEXT_TOKENS, model_forward_cost
 from evospec.errors import EvospecError
 from evospec.generation import encode_prompt
 from evospec.models.llamacpp import default_threads
@@ -26,7 +27,9 @@ WARMUP_TOKENS = 8  # one short generation per method first, so no method pays fi
 class BenchSettings:
     target: str
     draft_model: str
-    methods: tuple[str, ...] | None  # None: every method of method_names()
+    methods: tuple[str, ...] | None  # None: every method of the suite
+    suite: str  # "engine" or "selection" (bench/methods.py: method_names)
+    stream: str  # "mixed": the categories one block after another; "category:<name>": one category
     per_category: int
     dtype: str | None  # hf backend only; None: DEFAULT_DTYPE
     backend: str | None  # None: default_backend(target)
@@ -39,12 +42,12 @@ def run_bench(settings: BenchSettings) -> dict:
     """Run, print the Markdown table, write results.json/.md and a plot into settings.out_dir."""
     if not settings.generation.sampling.greedy:
         raise EvospecError("the benchmark is greedy (Spec-Bench convention); drop --temperature")
-    prompts = spec_bench(settings.per_category)
+    prompts = _stream(settings.stream, settings.per_category)
     load_average = os.getloadavg()[0]
     backend = settings.backend or default_backend(settings.target)
-    known = method_names(settings.draft_model, backend)
-    names = list(settings.methods or known)
-    check_method_names(names, known)  # before loading GBs of weights
+    suite = method_names(settings.draft_model, backend, settings.suite)
+    names = list(settings.methods or suite)
+    check_method_names(names, method_names(settings.draft_model, backend, "engine") + suite)  # before loading GBs
     target = load_model(settings.target, settings.dtype, backend)
     draft_model = load_model(settings.draft_model, settings.dtype, backend)
     methods = build_methods(names, target, draft_model, settings.generation.num_speculative_tokens)
@@ -68,7 +71,7 @@ def run_bench(settings: BenchSettings) -> dict:
         "backend": backend,
         "dtype": "gguf" if backend == "llamacpp" else settings.dtype or DEFAULT_DTYPE,
         "temperature": settings.generation.sampling.temperature,
-        "stream": "spec-bench",
+        "stream": settings.stream,
         "prompts": len(prompts),
         "max_new_tokens": settings.generation.max_new_tokens,
         "num_speculative_tokens": settings.generation.num_speculative_tokens,
@@ -77,6 +80,26 @@ def run_bench(settings: BenchSettings) -> dict:
         "plain_method": plain,
         "methods": methods_summary,
     }
+    if backend == "llamacpp":  # llama-bench's decode figure, measured here with one-token llama_decode calls
+        one_token = model_forward_cost(target, settings.generation.num_speculative_tokens + 1).of(1)
+        results["llamacpp_decode_tokens_per_s"] = round(1 / one_token, 2)
+        print(f"llama.cpp bare decode (one llama_decode per token, {COST_CONTEXT_TOKENS}-token context): "
+              f"{1 / one_token:.2f} tokens/s")
     write_report(results, settings.out_dir)
+    if any(name.startswith("select:") for name in runs) and single_drafters(list(runs)):
+        plot_selection(runs, settings.out_dir / "selection.png")
     print((settings.out_dir / "results.md").read_text())
     return results
+
+
+def _stream(stream: str, per_category: int) -> list[Prompt]:
+    """The prompts of a stream: Spec-Bench category after category ("mixed"), or one category."""
+    prompts = spec_bench(per_category)
+    if stream == "mixed":
+        return prompts
+    kind, _, category = stream.partition(":")
+    chosen = [prompt for prompt in prompts if prompt.category == category]
+    if kind != "category" or not chosen:
+        categories = ", ".join(dict.fromkeys(prompt.category for prompt in prompts))
+        raise EvospecError(f"unknown stream {stream!r}; use mixed or category:NAME with NAME one of {categories}")
+    return chosen

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from evospec.drafters.base import Drafter
 from evospec.drafters.ngram import NgramDrafter
 from evospec.drafters.small_lm import SmallLMDrafter
+from evospec.drafters.suffix import SuffixDrafter
 from evospec.errors import EvospecError
 from evospec.models.loading import LoadedModel, default_backend, load_model, names_a_model, same_tokenizer, vocab_size
 
@@ -42,8 +43,15 @@ def _build_small_lm(arg: str | None, target: LoadedModel, dtype: str | None) -> 
     return SmallLMDrafter(drafter_model.new_lm(), name=drafter_model.name)
 
 
+def _build_suffix(arg: str | None, target: LoadedModel, dtype: str | None) -> Drafter:
+    if arg:
+        raise EvospecError(f"the suffix drafter takes no argument, got 'suffix:{arg}'")
+    return SuffixDrafter()
+
+
 DRAFTERS: dict[str, Callable[[str | None, LoadedModel, str | None], Drafter]] = {
     "ngram": _build_ngram,
+    "suffix": _build_suffix,
     "lm": _build_small_lm,
 }
 

@@ -1,0 +1,39 @@
+"""Rewards of a round for the selector (MetaSD), from the draft and the target's verdict.
+
+- block efficiency BE = accepted / k: what the round achieved.
+- block divergence BD = (1/k) * sum_j sum_x min(p_j(x), q_j(x)) = (1/k) * sum_j (1 - TV(p_j, q_j)):
+  how close the drafter's distributions were to the target's at every drafted position, accepted or
+  not; richer and of lower variance than BE. q is one-hot on the drafted token for drafters without
+  probabilities, and under greedy decoding p is one-hot on argmax p, so BD is then the share of
+  drafted positions whose token is the target's choice.
+Both are computed under the sampling transform of the verification and are 0 for an empty draft.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from evospec.sampling import Sampler
+from evospec.types import Draft, Verdict
+
+
+def block_efficiency(draft: Draft, verdict: Verdict, k: int) -> float:
+    """accepted / k (k: the draft length asked for; an empty draft scores 0)."""
+    return verdict.num_accepted / k if k else 0.0
+
+
+def block_divergence(target_logits: torch.Tensor, draft: Draft, sampler: Sampler, k: int) -> float:
+    """(1/k) * sum over drafted positions j of sum_x min(p_j(x), q_j(x)). target_logits [m + 1, V]."""
+    m = draft.size
+    if m == 0 or k == 0:
+        return 0.0
+    positions = torch.arange(m)
+    if sampler.greedy:  # p one-hot on argmax p; q one-hot on the drafted token (a greedy drafter's argmax q)
+        overlap = (target_logits[:m].argmax(dim=-1) == draft.tokens).float()
+    else:
+        p = sampler.probs(target_logits[:m])  # [m, V]
+        if draft.probs is None:
+            overlap = p[positions, draft.tokens]  # min(p, one-hot(x)) sums to p(x)
+        else:
+            overlap = torch.minimum(p, draft.probs).sum(dim=-1)  # [m]
+    return float(overlap.sum()) / k

@@ -1,0 +1,208 @@
+"""Selectors: each round one drafter (arm) is picked; the round's reward (rewards.py) comes back.
+
+All keep per-arm statistics that can be discounted (multiplied by `discount` every round, so old
+rewards fade on a non-stationary stream; 1.0 keeps everything) and draw random numbers from one
+seeded generator.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from evospec.errors import EvospecError
+
+
+@dataclass(frozen=True)
+class SelectorConfig:
+    """Settings of every selector; each default defined here once."""
+
+    beta: float = 1.0  # UCB: weight of the exploration bonus beta * sqrt(2 ln t / n_i)
+    discount: float = 1.0  # per round, on every arm's counts; < 1 forgets old rewards
+    epsilon: float = 0.1  # epsilon-greedy: share of uniformly random picks
+    exp3_gamma: float = 0.1  # EXP3: share of uniform exploration, also its learning rate
+    per_request: bool = False  # start every request from scratch instead of keeping what was learned
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.beta < 0 or not 0 < self.discount <= 1 or not 0 <= self.epsilon <= 1 or not 0 < self.exp3_gamma <= 1:
+            raise EvospecError(f"invalid selector settings: {self}")
+
+
+class Selector(Protocol):
+    """Picks an arm each round and learns from its reward in [0, 1]."""
+
+    arms: tuple[str, ...]
+    reward_kind: str  # "bd" (block divergence) or "be" (block efficiency)
+
+    def select(self) -> str:
+        """The arm to pull this round."""
+
+    def update(self, arm: str, reward: float) -> None:
+        """The reward of the round in which `arm` was pulled."""
+
+    def begin_request(self) -> None:
+        """A new request starts (state is dropped when the selector is configured per request)."""
+
+
+class _Counts:
+    """Discounted pulls and reward sums per arm."""
+
+    def __init__(self, arms: Sequence[str], config: SelectorConfig) -> None:
+        if not arms:
+            raise EvospecError("a selector needs at least one drafter")
+        if len(set(arms)) != len(arms):
+            raise EvospecError(f"drafter names must differ, got {list(arms)}")
+        self.arms = tuple(arms)
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.reset()
+
+    def reset(self) -> None:
+        self.pulls = dict.fromkeys(self.arms, 0.0)
+        self.rewards = dict.fromkeys(self.arms, 0.0)
+
+    def begin_request(self) -> None:
+        if self.config.per_request:
+            self.reset()
+
+    def update(self, arm: str, reward: float) -> None:
+        for name in self.arms:
+            self.pulls[name] *= self.config.discount
+            self.rewards[name] *= self.config.discount
+        self.pulls[arm] += 1
+        self.rewards[arm] += reward
+
+    def mean(self, arm: str) -> float:
+        return self.rewards[arm] / self.pulls[arm] if self.pulls[arm] else 0.0
+
+    def unpulled(self) -> str | None:
+        return next((arm for arm in self.arms if self.pulls[arm] == 0), None)
+
+
+class UCB(_Counts):
+    """MetaSD-UCB: every arm once, then argmax mean_i + beta * sqrt(2 ln t / n_i)."""
+
+    def __init__(self, arms: Sequence[str], config: SelectorConfig, reward_kind: str) -> None:
+        super().__init__(arms, config)
+        self.reward_kind = reward_kind
+
+    def select(self) -> str:
+        first = self.unpulled()
+        if first is not None:
+            return first
+        total = sum(self.pulls.values())
+        return max(
+            self.arms,
+            key=lambda arm: self.mean(arm) + self.config.beta * math.sqrt(2 * math.log(total) / self.pulls[arm]),
+        )
+
+
+class EXP3(_Counts):
+    """Exponential weights for adversarial rewards (Auer et al. 2002), importance-weighted updates."""
+
+    reward_kind = "bd"
+
+    def reset(self) -> None:
+        super().reset()
+        self.log_weights = dict.fromkeys(self.arms, 0.0)
+        self._last_probs = self.probabilities()
+
+    def probabilities(self) -> dict[str, float]:
+        gamma, top = self.config.exp3_gamma, max(self.log_weights.values())
+        weights = {arm: math.exp(w - top) for arm, w in self.log_weights.items()}
+        total = sum(weights.values())
+        return {arm: (1 - gamma) * w / total + gamma / len(self.arms) for arm, w in weights.items()}
+
+    def select(self) -> str:
+        self._last_probs = self.probabilities()
+        return self.rng.choices(self.arms, weights=[self._last_probs[arm] for arm in self.arms])[0]
+
+    def update(self, arm: str, reward: float) -> None:
+        super().update(arm, reward)
+        for name in self.arms:  # discounting forgets in weight space too
+            self.log_weights[name] *= self.config.discount
+        self.log_weights[arm] += self.config.exp3_gamma * reward / (self._last_probs[arm] * len(self.arms))
+
+
+class Thompson(_Counts):
+    """Thompson sampling with Beta(1 + rewards, 1 + pulls - rewards) posteriors (rewards in [0, 1])."""
+
+    reward_kind = "bd"
+
+    def select(self) -> str:
+        return max(
+            self.arms,
+            key=lambda arm: self.rng.betavariate(1 + self.rewards[arm], 1 + self.pulls[arm] - self.rewards[arm]),
+        )
+
+
+class EpsilonGreedy(_Counts):
+    """The best mean so far, or with probability epsilon a uniformly random arm (every arm once first)."""
+
+    reward_kind = "bd"
+
+    def select(self) -> str:
+        first = self.unpulled()
+        if first is not None:
+            return first
+        if self.rng.random() < self.config.epsilon:
+            return self.rng.choice(self.arms)
+        return max(self.arms, key=self.mean)
+
+
+class Fixed(_Counts):
+    """Always the same arm (a single drafter, or a baseline)."""
+
+    reward_kind = "bd"
+
+    def __init__(self, arms: Sequence[str], config: SelectorConfig, arm: str) -> None:
+        super().__init__(arms, config)
+        if arm not in self.arms:
+            raise EvospecError(f"fixed:{arm} names no drafter; the drafters are {list(self.arms)}")
+        self.arm = arm
+
+    def select(self) -> str:
+        return self.arm
+
+
+class RoundRobin(_Counts):
+    """Each arm in turn."""
+
+    reward_kind = "bd"
+
+    def reset(self) -> None:
+        super().reset()
+        self._turn = 0
+
+    def select(self) -> str:
+        arm = self.arms[self._turn % len(self.arms)]
+        self._turn += 1
+        return arm
+
+
+SELECTORS: dict[str, Callable[[Sequence[str], SelectorConfig, str | None], Selector]] = {
+    "ucb-bd": lambda arms, config, arg: UCB(arms, config, reward_kind="bd"),
+    "ucb-be": lambda arms, config, arg: UCB(arms, config, reward_kind="be"),
+    "exp3": lambda arms, config, arg: EXP3(arms, config),
+    "thompson": lambda arms, config, arg: Thompson(arms, config),
+    "egreedy": lambda arms, config, arg: EpsilonGreedy(arms, config),
+    "round-robin": lambda arms, config, arg: RoundRobin(arms, config),
+    "fixed": lambda arms, config, arg: Fixed(arms, config, arg or ""),
+}
+DEFAULT_SELECTOR = "ucb-bd"
+
+
+def build_selector(spec: str, arms: Sequence[str], config: SelectorConfig = SelectorConfig()) -> Selector:
+    """A selector from its spec (a name of SELECTORS, `fixed:NAME` for a fixed arm) over these arms."""
+    name, _, arg = spec.partition(":")
+    if name not in SELECTORS:
+        raise EvospecError(f"unknown selector {spec!r}; choose one of {', '.join(SELECTORS)} (fixed:DRAFTER)")
+    if arg and name != "fixed":
+        raise EvospecError(f"selector {name} takes no argument, got {spec!r}")
+    if name == "fixed" and not arg:
+        raise EvospecError(f"the fixed selector needs a drafter: fixed:NAME, one of {list(arms)}")
+    return SELECTORS[name](arms, config, arg or None)

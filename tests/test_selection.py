@@ -1,0 +1,118 @@
+"""MetaSD: rewards computed exactly on hand-made p and q, and bandits on synthetic arms with known means."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from evospec.config import SamplingConfig
+from evospec.errors import EvospecError
+from evospec.sampling import Sampler
+from evospec.selection import SELECTORS, SelectorConfig, block_divergence, block_efficiency, build_selector
+from evospec.types import Draft, Verdict
+
+SAMPLED = Sampler(SamplingConfig(temperature=1.0))
+GREEDY = Sampler(SamplingConfig())
+
+
+def logits_of(probs: list[list[float]]) -> torch.Tensor:
+    """Logits whose softmax (temperature 1) is exactly probs."""
+    return torch.tensor(probs).log()
+
+
+def test_block_divergence_sums_min_p_q_per_position():
+    p = [[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [0.2, 0.2, 0.6]]  # the last row is the bonus position
+    q = torch.tensor([[0.2, 0.6, 0.2], [0.1, 0.0, 0.9]])
+    draft = Draft(torch.tensor([1, 2]), q)
+    expected = ((0.2 + 0.3 + 0.2) + (0.1 + 0.0 + 0.8)) / 2
+    assert block_divergence(logits_of(p), draft, SAMPLED, k=2) == pytest.approx(expected)
+    assert block_divergence(logits_of(p), draft, SAMPLED, k=4) == pytest.approx(expected / 2)  # asked 4, drafted 2
+
+
+def test_block_divergence_with_a_one_hot_q_is_p_of_the_drafted_tokens():
+    p = [[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [1 / 3, 1 / 3, 1 / 3]]
+    draft = Draft(torch.tensor([1, 2]), None)
+    assert block_divergence(logits_of(p), draft, SAMPLED, k=2) == pytest.approx((0.3 + 0.8) / 2)
+
+
+def test_greedy_block_divergence_counts_positions_where_the_draft_is_the_targets_choice():
+    p = [[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [0.2, 0.7, 0.1], [1 / 3, 1 / 3, 1 / 3]]
+    draft = Draft(torch.tensor([1, 2, 1]), None)  # wrong, right, right: BE sees none of it, BD two of three
+    assert block_divergence(logits_of(p), draft, GREEDY, k=3) == pytest.approx(2 / 3)
+    assert block_efficiency(draft, Verdict(0, [0]), k=3) == 0.0
+    assert block_efficiency(draft, Verdict(3, [1, 2, 1, 0]), k=3) == 1.0
+    assert block_divergence(logits_of(p), Draft(torch.empty(0, dtype=torch.long), None), GREEDY, k=3) == 0.0
+
+
+def bernoulli_bandit(selector, means: list[float], rounds: int, seed: int = 0) -> list[float]:
+    """Play a selector on arms with Bernoulli rewards; return the cumulative pseudo-regret after each round."""
+    rng = random.Random(seed)
+    best, regret, curve = max(means), 0.0, []
+    for _ in range(rounds):
+        arm = selector.select()
+        mean = means[selector.arms.index(arm)]
+        selector.update(arm, float(rng.random() < mean))
+        regret += best - mean
+        curve.append(regret)
+    return curve
+
+
+def test_ucb_concentrates_on_the_best_arm_with_logarithmic_regret():
+    arms = ["a", "b", "c"]
+    selector = build_selector("ucb-bd", arms)
+    curve = bernoulli_bandit(selector, [0.3, 0.5, 0.8], rounds=4000)
+    assert selector.pulls["c"] > 0.9 * 4000
+    # log t growth: regret over rounds 1000..4000 grows far less than linearly (4x rounds, ~log ratio).
+    assert curve[3999] / curve[999] < 1 + 2 * math.log(4)
+    assert curve[3999] < 8 * sum(math.log(4000) / (0.8 - m) for m in (0.3, 0.5))
+
+
+@pytest.mark.parametrize("name", ["exp3", "thompson", "egreedy", "ucb-be"])
+def test_every_bandit_prefers_the_best_arm(name):
+    selector = build_selector(name, ["a", "b", "c"], SelectorConfig(seed=1))
+    bernoulli_bandit(selector, [0.2, 0.4, 0.9], rounds=3000, seed=2)
+    assert max(selector.pulls, key=selector.pulls.get) == "c"
+
+
+def test_discounting_follows_a_switch_of_the_best_arm():
+    picks_of_the_new_best = {}
+    for discount in (1.0, 0.99):
+        selector = build_selector("ucb-bd", ["a", "b"], SelectorConfig(beta=0.2, discount=discount))
+        bernoulli_bandit(selector, [0.9, 0.2], rounds=2000)
+        rng, picks = random.Random(1), 0
+        for _ in range(500):  # now b is the better arm
+            arm = selector.select()
+            picks += arm == "b"
+            selector.update(arm, float(rng.random() < (0.9 if arm == "b" else 0.2)))
+        picks_of_the_new_best[discount] = picks
+    assert picks_of_the_new_best[0.99] > 2 * picks_of_the_new_best[1.0]
+
+
+def test_round_robin_and_fixed():
+    robin = build_selector("round-robin", ["a", "b", "c"])
+    assert [robin.select() for _ in range(5)] == ["a", "b", "c", "a", "b"]
+    fixed = build_selector("fixed:b", ["a", "b"])
+    assert {fixed.select() for _ in range(5)} == {"b"}
+
+
+def test_per_request_state_is_dropped_at_each_request():
+    selector = build_selector("ucb-bd", ["a", "b"], SelectorConfig(per_request=True))
+    bernoulli_bandit(selector, [0.9, 0.1], rounds=50)
+    selector.begin_request()
+    assert selector.pulls == {"a": 0.0, "b": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [("nope", "unknown selector"), ("fixed", "needs a drafter"), ("fixed:z", "names no drafter"), ("exp3:1", "no argument")],
+)
+def test_bad_selector_specs_are_clear_errors(spec, message):
+    with pytest.raises(EvospecError, match=message):
+        build_selector(spec, ["a", "b"])
+
+
+def test_the_registry_lists_the_issues_selectors():
+    assert set(SELECTORS) == {"ucb-bd", "ucb-be", "exp3", "thompson", "egreedy", "round-robin", "fixed"}
