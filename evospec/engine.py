@@ -13,7 +13,7 @@ from evospec.drafters import Drafter, empty_draft
 from evospec.errors import EvospecError
 from evospec.sampling import Sampler
 from evospec.stats import SpecStats
-from evospec.selection import Selector, block_divergence, block_efficiency, build_selector
+from evospec.selection import REWARDS, Selector, build_selector
 from evospec.target import LanguageModel
 from evospec.types import Attempt, Verdict
 from evospec.verify import verify
@@ -109,10 +109,7 @@ class Engine:
 
     def _feed_back(self, attempt: Attempt, verdict: Verdict, logits: torch.Tensor, sampler: Sampler, stats: SpecStats) -> None:
         """The round's outcome to the selector (its reward), the draft-length policy and the per-drafter stats."""
-        if self.selector.reward_kind == "be":
-            reward = block_efficiency(attempt.draft, verdict, attempt.asked)
-        else:
-            reward = block_divergence(logits, attempt.draft, sampler, attempt.asked)
+        reward = REWARDS[self.selector.reward_kind](logits, attempt.draft, verdict, sampler, attempt.asked)
         self.selector.update(attempt.drafter, reward)
         self.draft_length.observe(attempt.drafter, attempt.draft, verdict.num_accepted, attempt.draft_s)
         stats.record_drafter(attempt, verdict, reward)

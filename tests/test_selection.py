@@ -16,6 +16,7 @@ from evospec.types import Draft, Verdict
 
 SAMPLED = Sampler(SamplingConfig(temperature=1.0))
 GREEDY = Sampler(SamplingConfig())
+NO_VERDICT = Verdict(0, [0])  # block divergence does not read the verdict
 
 
 def logits_of(probs: list[list[float]]) -> torch.Tensor:
@@ -28,23 +29,23 @@ def test_block_divergence_sums_min_p_q_per_position():
     q = torch.tensor([[0.2, 0.6, 0.2], [0.1, 0.0, 0.9]])
     draft = Draft(torch.tensor([1, 2]), q)
     expected = ((0.2 + 0.3 + 0.2) + (0.1 + 0.0 + 0.8)) / 2
-    assert block_divergence(logits_of(p), draft, SAMPLED, k=2) == pytest.approx(expected)
-    assert block_divergence(logits_of(p), draft, SAMPLED, k=4) == pytest.approx(expected / 2)  # asked 4, drafted 2
+    assert block_divergence(logits_of(p), draft, NO_VERDICT, SAMPLED, k=2) == pytest.approx(expected)
+    assert block_divergence(logits_of(p), draft, NO_VERDICT, SAMPLED, k=4) == pytest.approx(expected / 2)  # asked 4, drafted 2
 
 
 def test_block_divergence_with_a_one_hot_q_is_p_of_the_drafted_tokens():
     p = [[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [1 / 3, 1 / 3, 1 / 3]]
     draft = Draft(torch.tensor([1, 2]), None)
-    assert block_divergence(logits_of(p), draft, SAMPLED, k=2) == pytest.approx((0.3 + 0.8) / 2)
+    assert block_divergence(logits_of(p), draft, NO_VERDICT, SAMPLED, k=2) == pytest.approx((0.3 + 0.8) / 2)
 
 
 def test_greedy_block_divergence_counts_positions_where_the_draft_is_the_targets_choice():
     p = [[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [0.2, 0.7, 0.1], [1 / 3, 1 / 3, 1 / 3]]
     draft = Draft(torch.tensor([1, 2, 1]), None)  # wrong, right, right: BE sees none of it, BD two of three
-    assert block_divergence(logits_of(p), draft, GREEDY, k=3) == pytest.approx(2 / 3)
-    assert block_efficiency(draft, Verdict(0, [0]), k=3) == 0.0
-    assert block_efficiency(draft, Verdict(3, [1, 2, 1, 0]), k=3) == 1.0
-    assert block_divergence(logits_of(p), Draft(torch.empty(0, dtype=torch.long), None), GREEDY, k=3) == 0.0
+    assert block_divergence(logits_of(p), draft, NO_VERDICT, GREEDY, k=3) == pytest.approx(2 / 3)
+    assert block_efficiency(logits_of(p), draft, Verdict(0, [0]), GREEDY, k=3) == 0.0
+    assert block_efficiency(logits_of(p), draft, Verdict(3, [1, 2, 1, 0]), GREEDY, k=3) == 1.0
+    assert block_divergence(logits_of(p), Draft(torch.empty(0, dtype=torch.long), None), NO_VERDICT, GREEDY, k=3) == 0.0
 
 
 def bernoulli_bandit(selector, means: list[float], rounds: int, seed: int = 0) -> list[float]:

@@ -90,7 +90,7 @@ def plot_selection(runs: dict[str, list[tuple[str, SpecStats]]], path: Path) -> 
             curve.append(regret)
         regret_axes.plot(range(1, len(curve) + 1), curve, marker=".", label=name)
     regret_axes.axhline(0, color="grey", linewidth=0.8)
-    regret_axes.set_xlabel("prompt (category blocks: " + ", ".join(dict.fromkeys(categories)) + ")")
+    regret_axes.set_xlabel("prompt (blocks: " + ", ".join(dict.fromkeys(categories)) + ")", fontsize=8)
     regret_axes.set_ylabel(f"cumulative rounds - rounds of {best}")
     regret_axes.set_title("regret in rounds (stopping time)")
     regret_axes.legend(fontsize=8)
@@ -106,7 +106,8 @@ def plot_selection(runs: dict[str, list[tuple[str, SpecStats]]], path: Path) -> 
             share_axes.bar([i + index * width for i in range(len(categories))], shares, width, bottom=bottom,
                            color=f"C{arm_index}", label=arm if index == 0 else None, edgecolor="white", linewidth=0.3)
             bottom = [b + v for b, v in zip(bottom, shares)]
-    share_axes.set_xlabel("prompt; one bar per selector: " + ", ".join(selectors))
+    share_axes.set_xlabel("prompt; bars left to right: " + ", ".join(name.removeprefix("select:") for name in selectors),
+                          fontsize=8)
     share_axes.set_ylabel("share of pulls")
     share_axes.set_title("arms pulled per prompt")
     share_axes.legend(fontsize=8)

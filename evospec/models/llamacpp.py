@@ -5,10 +5,15 @@ a rejected draft is forgotten by removing its positions from the KV cache. Logit
 torch view of llama.cpp's own output buffer (no copy), valid until the next forward.
 
 Lossless needs each row of a verification to be computed exactly as a one-token decoding step
-would compute it. Measured on Qwen2.5-Coder Q4_K_M (AVX2): with the weights repacked for batched
-matmuls (llama.cpp's default "extra buffer types") rows differ from 2 rows on; without repacking
-they are bit-identical up to 7 rows and differ from 8 on. So weights stay unpacked and a longer
-verification is evaluated in chunks of `exact_rows`.
+would compute it, and llama.cpp's CPU kernels do not promise that. SmolLM2 Q4_1 rows are
+bit-identical at any batch size (tests/test_llamacpp.py: output equal to llama.cpp's own greedy
+decoding). On Qwen2.5-Coder Q4_K_M (2-core AVX2): with the weights repacked for batched matmuls
+(llama.cpp's default "extra buffer types") rows differed from 2 rows on; without repacking, at one
+context they were bit-identical up to 7 rows and differed from 8 on, but elsewhere batches of 2-5
+rows differ too (logits by up to ~0.5), so near-ties (top-2 margin below ~0.15) can flip: 3 of 8
+Spec-Bench prompts left plain decoding within 96 tokens with n-gram drafts. So weights stay
+unpacked and verifications are cut into chunks of `exact_rows`, which narrows the gap but does not
+close it for K-quants: there evospec equals llama.cpp's greedy output up to that rounding.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ class LlamaCppConfig:
     max_context: int = 8192  # KV cache size cap; the model's training context if that is smaller
     batch_size: int = 512  # tokens per llama_decode call (a longer prompt is fed in chunks)
     threads: int | None = None  # None: every core this process may run on
-    exact_rows: int = 7  # the most rows per verification call that decode exactly as one-token steps
+    exact_rows: int = 7  # most rows per verification call (K-quant rows drift from one-token steps past 7)
 
 
 def _bindings():

@@ -11,18 +11,20 @@ Both are computed under the sampling transform of the verification and are 0 for
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from evospec.sampling import Sampler
 from evospec.types import Draft, Verdict
 
 
-def block_efficiency(draft: Draft, verdict: Verdict, k: int) -> float:
+def block_efficiency(target_logits: torch.Tensor, draft: Draft, verdict: Verdict, sampler: Sampler, k: int) -> float:
     """accepted / k (k: the draft length asked for; an empty draft scores 0)."""
     return verdict.num_accepted / k if k else 0.0
 
 
-def block_divergence(target_logits: torch.Tensor, draft: Draft, sampler: Sampler, k: int) -> float:
+def block_divergence(target_logits: torch.Tensor, draft: Draft, verdict: Verdict, sampler: Sampler, k: int) -> float:
     """(1/k) * sum over drafted positions j of sum_x min(p_j(x), q_j(x)). target_logits [m + 1, V]."""
     m = draft.size
     if m == 0 or k == 0:
@@ -37,3 +39,10 @@ def block_divergence(target_logits: torch.Tensor, draft: Draft, sampler: Sampler
         else:
             overlap = torch.minimum(p, draft.probs).sum(dim=-1)  # [m]
     return float(overlap.sum()) / k
+
+
+# A selector's reward_kind -> the reward of a round: f(target_logits, draft, verdict, sampler, k asked).
+REWARDS: dict[str, Callable[[torch.Tensor, Draft, Verdict, Sampler, int], float]] = {
+    "bd": block_divergence,
+    "be": block_efficiency,
+}
