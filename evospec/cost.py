@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from evospec.errors import EvospecError
+from evospec.models.llamacpp import default_threads
 from evospec.models.loading import LoadedModel, vocab_size
 from evospec.models.zoo import evospec_home
 from evospec.target import LanguageModel
@@ -89,13 +90,13 @@ def cached_forward_cost(lm: LanguageModel, model_key: str, max_tokens: int, voca
 def model_forward_cost(model: LoadedModel, max_tokens: int) -> ForwardCost:
     """The forward cost of a loaded target on this machine (cached per model, backend and dtype)."""
     dtype = "gguf" if model.backend == "llamacpp" else str(model.model.dtype)
-    key = f"{model.backend}|{Path(model.source).resolve() if isinstance(model.source, Path) else model.source}|{dtype}"
+    source = model.source.resolve() if isinstance(model.source, Path) else model.source
+    key = f"{model.backend}|{source}|{dtype}"
     return cached_forward_cost(model.new_lm(), key, max_tokens, vocab_size(model))
 
 
 def _machine() -> str:
-    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{platform.machine()}-{_processor_name()}-{threads}threads"
+    return f"{platform.machine()}-{_processor_name()}-{default_threads()}threads"
 
 
 def _processor_name() -> str:

@@ -37,6 +37,7 @@ class Verdict:
 
     num_accepted: int  # accepted draft tokens, 0..m
     emitted: list[int]  # num_accepted + 1 token ids to append to the context
+    target_argmax: torch.Tensor | None = None  # [m + 1] argmax p at each position; greedy verification only
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> Ve
     m = draft_tokens.numel()
     matches = (target_tokens[:m] == draft_tokens).int()
     num_accepted = int(matches.cumprod(dim=0).sum()) if m else 0
-    return Verdict(num_accepted, target_tokens[: num_accepted + 1].tolist())
+    return Verdict(num_accepted, target_tokens[: num_accepted + 1].tolist(), target_tokens)
 
 
 def verify_sampled(p: torch.Tensor, draft: Draft, sampler: Sampler) -> Verdict:

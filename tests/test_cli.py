@@ -33,6 +33,9 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
         (["bench", "--method", "no-such-method"], "unknown bench method"),
         (["demo", "--prompts", "0"], "--prompts"),
         (["generate", "hi", "--target", SMOL, "--backend", "llamacpp", "--dtype", "fp32"], "--dtype applies"),
+        (["generate", "hi", "--target", SMOL, "--selector", "ucb-bd"], "--selector picks among several"),
+        (["bench", "--stream", "poetry"], "unknown stream"),
+        (["bench", "--stream", "category:poetry"], "unknown stream"),
     ],
 )
 def test_bad_settings_fail_before_loading_anything(capsys, argv, message):
@@ -49,6 +52,10 @@ def test_bad_settings_fail_before_loading_anything(capsys, argv, message):
         (["generate", "hi", "--target", SMOL, "--drafter", "no-such-drafter"], "unknown drafter"),
         (["generate", "hi", "--target", SMOL, "--drafter", "ngram:3"], "takes no argument"),
         (["generate", "hi", "--target", ".", "--backend", "llamacpp"], "needs a .gguf file"),
+        (["generate", "hi", "--target", SMOL, "--drafter", "suffix:3"], "takes no argument"),
+        (["generate", "hi", "--target", SMOL, "--drafter", "ngram", "--drafter", "suffix", "--selector", "nope"],
+         "unknown selector"),
+        (["generate", "hi", "--target", SMOL, "--drafter", "ngram", "--drafter", "ngram"], "must differ"),
     ],
 )
 def test_bad_input_with_a_real_model(capsys, argv, message):

@@ -13,10 +13,11 @@ from evospec.errors import EvospecError
 from evospec.sampling import Sampler
 from evospec.selection import SELECTORS, SelectorConfig, block_divergence, block_efficiency, build_selector
 from evospec.types import Draft, Verdict
+from evospec.verify import verify_greedy
 
 SAMPLED = Sampler(SamplingConfig(temperature=1.0))
 GREEDY = Sampler(SamplingConfig())
-NO_VERDICT = Verdict(0, [0])  # block divergence does not read the verdict
+NO_VERDICT = Verdict(0, [0])  # sampled block divergence does not read the verdict
 
 
 def logits_of(probs: list[list[float]]) -> torch.Tensor:
@@ -42,10 +43,11 @@ def test_block_divergence_with_a_one_hot_q_is_p_of_the_drafted_tokens():
 def test_greedy_block_divergence_counts_positions_where_the_draft_is_the_targets_choice():
     p = [[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [0.2, 0.7, 0.1], [1 / 3, 1 / 3, 1 / 3]]
     draft = Draft(torch.tensor([1, 2, 1]), None)  # wrong, right, right: BE sees none of it, BD two of three
-    assert block_divergence(logits_of(p), draft, NO_VERDICT, GREEDY, k=3) == pytest.approx(2 / 3)
+    verdict = verify_greedy(logits_of(p), draft.tokens)
+    assert block_divergence(logits_of(p), draft, verdict, GREEDY, k=3) == pytest.approx(2 / 3)
     assert block_efficiency(logits_of(p), draft, Verdict(0, [0]), GREEDY, k=3) == 0.0
     assert block_efficiency(logits_of(p), draft, Verdict(3, [1, 2, 1, 0]), GREEDY, k=3) == 1.0
-    assert block_divergence(logits_of(p), Draft(torch.empty(0, dtype=torch.long), None), NO_VERDICT, GREEDY, k=3) == 0.0
+    assert block_divergence(logits_of(p), Draft(torch.empty(0, dtype=torch.long), None), verdict, GREEDY, k=3) == 0.0
 
 
 def bernoulli_bandit(selector, means: list[float], rounds: int, seed: int = 0) -> list[float]:

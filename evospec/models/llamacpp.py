@@ -43,7 +43,7 @@ class LlamaCppConfig:
 
 
 def _bindings():
-    """The llama_cpp module, initialised once; a clear error when it is not installed."""
+    """The llama_cpp module; a clear error when it is not installed."""
     try:
         import llama_cpp
     except ImportError as error:
@@ -54,6 +54,7 @@ def _bindings():
 
 
 def default_threads() -> int:
+    """The cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 

@@ -30,8 +30,8 @@ def block_divergence(target_logits: torch.Tensor, draft: Draft, verdict: Verdict
     if m == 0 or k == 0:
         return 0.0
     positions = torch.arange(m)
-    if sampler.greedy:  # p one-hot on argmax p; q one-hot on the drafted token (a greedy drafter's argmax q)
-        overlap = (target_logits[:m].argmax(dim=-1) == draft.tokens).float()
+    if sampler.greedy:  # p one-hot on argmax p (the verdict's); q one-hot on the drafted token
+        overlap = (verdict.target_argmax[:m] == draft.tokens).float()
     else:
         p = sampler.probs(target_logits[:m])  # [m, V]
         if draft.probs is None:
