@@ -11,17 +11,22 @@ from evospec.config import GenerationConfig
 from evospec.draft_length import DraftLength, FixedDraftLength
 from evospec.drafters import Drafter, empty_draft
 from evospec.errors import EvospecError
+from evospec.learning import OnlineLearner
 from evospec.sampling import Sampler
 from evospec.stats import SpecStats
 from evospec.selection import REWARDS, Selector, build_selector
 from evospec.target import LanguageModel
-from evospec.types import Attempt, Verdict
+from evospec.types import Attempt, RoundFeedback, Verdict
 from evospec.verify import verify
+
+
+FEEDBACK_TOP_K = 16  # the target's most likely next tokens kept per verified position for learners
 
 
 class Engine:
     """A target, drafters with a selector that picks one per round, and the loop that makes them speak
-    as the target alone would. No drafter: plain decoding."""
+    as the target alone would. No drafter: plain decoding. White-box drafters and learners hear what
+    each target pass said (RoundFeedback); nothing they do changes what is emitted."""
 
     def __init__(
         self,
@@ -31,6 +36,7 @@ class Engine:
         context_length: int,
         draft_length: DraftLength | None = None,
         selector: Selector | None = None,
+        learners: Sequence[OnlineLearner] = (),
     ) -> None:
         self.target = target
         self.drafters = {drafter.name: drafter for drafter in drafters}
@@ -44,6 +50,9 @@ class Engine:
         self.eos_token_ids = eos_token_ids
         self.context_length = context_length
         self.draft_length = draft_length or FixedDraftLength()
+        self.learners = list(learners)
+        self.listeners = [*(d for d in drafters if d.needs_hidden_states), *self.learners]  # they get RoundFeedback
+        self.requests = 0
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig, stats: SpecStats) -> Iterator[int]:
         """Yield new token ids until EOS (yielded too), max_new_tokens or the context is full.
@@ -53,6 +62,7 @@ class Engine:
         the draft. stats is updated as tokens are emitted.
         """
         self._check_prompt(prompt_ids)
+        self.requests += 1
         start = time.perf_counter()
         sampler = Sampler(config.sampling)
         context = list(prompt_ids)
@@ -62,7 +72,7 @@ class Engine:
         if self.selector is not None:
             self.selector.begin_request()
         try:
-            logits, attempt = self.target.forward(context, num_logits=1), None  # [1, V]; the prefill drafts nothing
+            logits, attempt = self._forward(context, stats, prefill=True), None  # [1, V]; the prefill drafts nothing
             stats.prompt_tokens += len(prompt_ids)
             stats.prefill_s += time.perf_counter() - start
             budget = config.max_new_tokens
@@ -73,6 +83,8 @@ class Engine:
                 stats.record(draft, verdict)
                 if attempt:
                     self._feed_back(attempt, verdict, logits, sampler, stats)
+                if self.listeners:
+                    self._tell_listeners(attempt, verdict, context, logits, stats, prefill=len(context) == len(prompt_ids))
                 # 2. The cache keeps the pending token and the accepted drafts; the new last token is pending.
                 self.target.trim(len(context) + verdict.num_accepted)
                 for token in verdict.emitted[:budget]:
@@ -87,12 +99,26 @@ class Engine:
                 # 3. A selected drafter drafts no more than the budget, the window and the draft-length policy allow.
                 attempt = self._draft(context, min(budget - 1, self.context_length - len(context)), config, sampler)
                 # 4. One target pass over the pending token and the draft: p at every position.
-                target_start = time.perf_counter()
-                logits = self.target.forward([context[-1], *(attempt.draft.tokens.tolist() if attempt else [])])
-                stats.target_s += time.perf_counter() - target_start  # logits: [m + 1, V]
+                logits = self._forward([context[-1], *(attempt.draft.tokens.tolist() if attempt else [])], stats)
         finally:
             self.target.trim(len(context) - 1)  # an early stop leaves a cache that matches the context
+            learn_start = time.perf_counter()
+            for learner in self.learners:
+                learner.end_request()
+            stats.learn_s += time.perf_counter() - learn_start
             stats.wall_s += time.perf_counter() - start
+
+    def _forward(self, token_ids: list[int], stats: SpecStats, prefill: bool = False) -> torch.Tensor:
+        """The target's pass over token_ids -> logits [n, V] (the last row only at the prefill). With
+        listeners, hidden states come too and wait in self._hidden for _tell_listeners."""
+        start = time.perf_counter()
+        if self.listeners:
+            logits, self._hidden = self.target.forward_with_hidden(token_ids, num_logits=1 if prefill else 0)
+        else:
+            logits = self.target.forward(token_ids, num_logits=1 if prefill else 0)
+        if not prefill:
+            stats.target_s += time.perf_counter() - start
+        return logits
 
     def _draft(self, context: list[int], room: int, config: GenerationConfig, sampler: Sampler) -> Attempt | None:
         """This round's attempt: the selected drafter's draft of at most `room` tokens (None without drafters)."""
@@ -113,6 +139,28 @@ class Engine:
         self.selector.update(attempt.drafter, reward)
         self.draft_length.observe(attempt.drafter, attempt.draft, verdict.num_accepted, attempt.draft_s)
         stats.record_drafter(attempt, verdict, reward)
+
+    def _tell_listeners(self, attempt: Attempt | None, verdict: Verdict, context: list[int],
+                        logits: torch.Tensor, stats: SpecStats, prefill: bool) -> None:
+        """What the pass said about the tokens it verified, to white-box drafters and learners.
+
+        Called before the round's tokens join the context: at the prefill the verified tokens are the
+        prompt (with p at its last token only); after, the pending token and the accepted drafts.
+        """
+        start = time.perf_counter()
+        drafted = attempt.draft.tokens if attempt else torch.empty(0, dtype=torch.long)
+        rows = verdict.num_accepted + 1
+        first = 0 if prefill else len(context) - 1
+        top = torch.softmax(logits[:rows].float(), dim=-1).topk(FEEDBACK_TOP_K, dim=-1)
+        feedback = RoundFeedback(
+            request=self.requests, drafter=attempt.drafter if attempt and drafted.numel() else None,
+            position=first, tokens=torch.tensor(context[first:] + drafted[: verdict.num_accepted].tolist()),
+            drafted=drafted, num_accepted=verdict.num_accepted, hidden=self._hidden[:rows],
+            top_ids=top.indices, top_probs=top.values,
+        )
+        for listener in self.listeners:
+            listener.observe(feedback)
+        stats.learn_s += time.perf_counter() - start
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:

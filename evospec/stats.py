@@ -14,19 +14,22 @@ class DrafterStats:
 
     pulls: int = 0  # rounds in which the selector picked it
     reward_sum: float = 0.0
+    num_drafts: int = 0  # of its rounds, those that drafted at least one token
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     emitted: int = 0  # tokens its rounds emitted, accepted drafts plus the target's own
     draft_s: float = 0.0  # in its propose, catch-up on the tokens it did not see included
 
     def merge(self, other: DrafterStats) -> None:
-        for name in ("pulls", "reward_sum", "num_draft_tokens", "num_accepted_tokens", "emitted", "draft_s"):
+        for name in ("pulls", "reward_sum", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "emitted",
+                     "draft_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "pulls": self.pulls,
             "mean_reward": self.reward_sum / self.pulls if self.pulls else None,
+            "num_drafts": self.num_drafts,
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
             "tau": self.emitted / self.pulls if self.pulls else None,
@@ -48,6 +51,7 @@ class SpecStats:
     prefill_s: float = 0.0
     draft_s: float = 0.0  # in drafters' propose (catch-up included)
     target_s: float = 0.0  # in target forwards after the prefill
+    learn_s: float = 0.0  # telling white-box drafters and learners what the target said, and learning
     wall_s: float = 0.0  # prefill included
     drafters: dict[str, DrafterStats] = field(default_factory=dict)  # per drafter (selector arm)
 
@@ -65,6 +69,7 @@ class SpecStats:
         arm = self.drafters.setdefault(attempt.drafter, DrafterStats())
         arm.pulls += 1
         arm.reward_sum += reward
+        arm.num_drafts += int(attempt.draft.size > 0)
         arm.num_draft_tokens += attempt.draft.size
         arm.num_accepted_tokens += verdict.num_accepted
         arm.emitted += len(verdict.emitted)
@@ -73,7 +78,7 @@ class SpecStats:
 
     def merge(self, other: SpecStats) -> None:
         for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_verifications",
-                     "new_tokens", "prompt_tokens", "prefill_s", "draft_s", "target_s", "wall_s"):
+                     "new_tokens", "prompt_tokens", "prefill_s", "draft_s", "target_s", "learn_s", "wall_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name, arm in other.drafters.items():
             self.drafters.setdefault(name, DrafterStats()).merge(arm)
@@ -102,9 +107,10 @@ class SpecStats:
 
     @property
     def loop_overhead_us(self) -> float:
-        """Microseconds per round spent outside the target and the drafter: the engine's own cost."""
+        """Microseconds per round spent outside the target, the drafters and the learners: the engine's own cost."""
         rounds = self.num_verifications
-        return 1e6 * (self.wall_s - self.prefill_s - self.target_s - self.draft_s) / rounds if rounds else 0.0
+        own = self.wall_s - self.prefill_s - self.target_s - self.draft_s - self.learn_s
+        return 1e6 * own / rounds if rounds else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -125,6 +131,7 @@ class SpecStats:
             "prefill_s": self.prefill_s,
             "draft_s": self.draft_s,
             "target_s": self.target_s,
+            "learn_s": self.learn_s,
             "loop_overhead_us": self.loop_overhead_us,
             "wall_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s,

@@ -20,8 +20,11 @@ class LanguageModel(Protocol):
     def forward(self, token_ids: Sequence[int], num_logits: int = 0) -> torch.Tensor:
         """Append token_ids [n] to the cache -> logits [n, V] (the last num_logits rows only, if > 0)."""
 
-    def forward_with_hidden(self, token_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Like forward -> (logits [n, V], final hidden states [n, H])."""
+    def forward_with_hidden(self, token_ids: Sequence[int], num_logits: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like forward -> (logits [r, V], final hidden states [r, H]) at the last r = num_logits rows (all if 0).
+
+        The hidden states are the ones the output layer reads (after the final norm).
+        """
 
     def trim(self, length: int) -> None:
         """Keep the first `length` cached tokens."""
@@ -48,10 +51,11 @@ class CachedLM:
         """Append token_ids [n] to the cache -> logits [n, V] (the last num_logits rows only, if > 0)."""
         return self._forward(token_ids, num_logits, hidden_states=False).logits[0]
 
-    def forward_with_hidden(self, token_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Like forward, for drafters that read the model's features -> (logits [n, V], final hidden states [n, H])."""
-        out = self._forward(token_ids, 0, hidden_states=True)
-        return out.logits[0], out.hidden_states[-1][0]
+    def forward_with_hidden(self, token_ids: Sequence[int], num_logits: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like forward, for drafters that read the model's features -> (logits [r, V], final hidden states [r, H])."""
+        out = self._forward(token_ids, num_logits, hidden_states=True)
+        rows = out.logits.shape[1]
+        return out.logits[0], out.hidden_states[-1][0, -rows:]
 
     @torch.inference_mode()
     def _forward(self, token_ids: Sequence[int], num_logits: int, hidden_states: bool):

@@ -48,3 +48,29 @@ class Attempt:
     draft: Draft  # what will be verified (possibly cut short by the draft-length policy)
     asked: int  # tokens asked of the drafter; 0 when the policy chose a plain step
     draft_s: float  # seconds in the drafter's propose, catch-up on unseen tokens included
+
+
+@dataclass(frozen=True)
+class RoundFeedback:
+    """What one target pass told about the tokens it verified: the learners' and white-box drafters' signal.
+
+    The rows follow the context: `tokens` are the verified input tokens of the pass (the prompt at
+    the prefill; the pending token and the accepted drafts after), each with the target's final hidden
+    state and its next-token distribution (top K ids and probabilities, not the full vocabulary row).
+    At the prefill only the last prompt token has them.
+    """
+
+    request: int  # which request of the stream this round belongs to
+    position: int  # context index of tokens[0]
+    drafter: str | None  # who drafted this round; None for the prefill and plain steps
+    tokens: torch.Tensor  # [n] int64 verified input ids, in context order
+    drafted: torch.Tensor  # [m] int64 what was drafted this round
+    num_accepted: int  # of drafted
+    hidden: torch.Tensor | None  # [r, H] float32 target hidden states at the last r tokens; None unless asked for
+    top_ids: torch.Tensor  # [r, K] int64 the target's most likely next tokens after each of the last r tokens
+    top_probs: torch.Tensor  # [r, K] float32 their probabilities (temperature 1)
+
+    @property
+    def rejected(self) -> bool:
+        """Whether the target rejected a drafted token this round (at the last row)."""
+        return self.num_accepted < self.drafted.numel()

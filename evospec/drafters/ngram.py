@@ -18,6 +18,9 @@ class NgramDrafter:
 
     name = "ngram"
 
+    needs_hidden_states = False
+    learnable = False
+
     def __init__(self, config: NgramConfig = NgramConfig()) -> None:
         self.config = config
 

@@ -1,19 +1,34 @@
 """The drafter registry: specs on the command line -> drafters.
 
-A drafter spec reads KIND or KIND:ARG (e.g. `ngram`, `lm:qwen2.5-coder-0.5b-instruct`); a spec that
-names no registered kind is taken as a model for the small-LM drafter (`qwen2.5-coder-0.5b-instruct`).
+A drafter spec reads KIND or KIND:ARG (e.g. `ngram`, `lm:qwen2.5-coder-0.5b-instruct`, `eagle:CHECKPOINT`);
+a spec that names no registered kind is taken as a model for the small-LM drafter
+(`qwen2.5-coder-0.5b-instruct`). `eagle` and `hydra` without a checkpoint start from random weights.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from evospec.drafters.base import Drafter
+from evospec.drafters.eagle import EagleDrafter
+from evospec.drafters.hydra import HydraDrafter
 from evospec.drafters.ngram import NgramDrafter
 from evospec.drafters.small_lm import SmallLMDrafter
 from evospec.drafters.suffix import SuffixDrafter
+from evospec.drafters.whitebox import ReducedVocab, TargetTokens, WhiteBoxConfig, WhiteBoxDrafter, read_checkpoint
 from evospec.errors import EvospecError
-from evospec.models.loading import LoadedModel, default_backend, load_model, names_a_model, same_tokenizer, vocab_size
+from evospec.models.loading import (
+    LoadedModel,
+    context_length,
+    default_backend,
+    eos_token_ids,
+    hidden_size,
+    load_model,
+    names_a_model,
+    same_tokenizer,
+    vocab_size,
+)
 
 NO_DRAFTER = "none"
 
@@ -49,10 +64,43 @@ def _build_suffix(arg: str | None, target: LoadedModel, dtype: str | None) -> Dr
     return SuffixDrafter()
 
 
+WHITE_BOX_KINDS = ("eagle", "hydra")
+
+
+def new_white_box_drafter(kind: str, target: LoadedModel, checkpoint: Path | None = None,
+                          config: WhiteBoxConfig | None = None, vocab: ReducedVocab | None = None) -> WhiteBoxDrafter:
+    """An EAGLE- or Hydra-style drafter for target: from a checkpoint directory, or new (random) with
+    config (default shape) and vocab (default: the lowest ids, end-of-generation tokens first)."""
+    if kind not in WHITE_BOX_KINDS:
+        raise EvospecError(f"unknown white-box drafter {kind!r}; choose one of {', '.join(WHITE_BOX_KINDS)}")
+    state = None
+    if checkpoint is not None:
+        config, state, vocab, _ = read_checkpoint(checkpoint, kind, target)
+    config = config or WhiteBoxConfig(kind, hidden_size(target))
+    if config.hidden_size != hidden_size(target):
+        raise EvospecError(f"the {kind} drafter reads {config.hidden_size}-wide features; '{target.name}' has {hidden_size(target)}")
+    vocab = vocab or ReducedVocab.most_frequent(
+        [], vocab_size(target), min(config.head_vocab, vocab_size(target)), always=sorted(eos_token_ids(target))
+    )
+    if vocab.ids.numel() != config.head_vocab:
+        config = WhiteBoxConfig(**{**config.__dict__, "head_vocab": int(vocab.ids.numel())})
+    tokens = TargetTokens(target)
+    if kind == "eagle":
+        return EagleDrafter(kind, config, tokens, vocab, context_length(target), state)
+    return HydraDrafter(kind, config, tokens, vocab, state)
+
+
+def _white_box_builder(kind: str) -> Callable[[str | None, LoadedModel, str | None], Drafter]:
+    def build(arg: str | None, target: LoadedModel, dtype: str | None) -> Drafter:
+        return new_white_box_drafter(kind, target, Path(arg).expanduser() if arg else None)
+    return build
+
+
 DRAFTERS: dict[str, Callable[[str | None, LoadedModel, str | None], Drafter]] = {
     "ngram": _build_ngram,
     "suffix": _build_suffix,
     "lm": _build_small_lm,
+    **{kind: _white_box_builder(kind) for kind in WHITE_BOX_KINDS},
 }
 
 

@@ -24,6 +24,9 @@ class SmallLMDrafter:
     accepted), trims the rest (what was rejected) and catches up on the tokens it did not draft.
     """
 
+    needs_hidden_states = False
+    learnable = False
+
     def __init__(self, lm: LanguageModel, name: str) -> None:
         self.lm = lm
         self.name = name

@@ -35,6 +35,9 @@ class SuffixDrafter:
 
     name = "suffix"
 
+    needs_hidden_states = False
+    learnable = False
+
     def __init__(self, config: SuffixConfig = SuffixConfig()) -> None:
         self.config = config
         self._corpus: list[int] = []

@@ -123,36 +123,43 @@ class LlamaCppLM:
         With every row asked for (a verification), calls hold at most `exact_rows` tokens. The tensor
         views llama.cpp's output buffer when one call sufficed: use it before the next forward.
         """
+        return self._forward(token_ids, num_logits, hidden=False)[0]
+
+    def forward_with_hidden(self, token_ids: Sequence[int], num_logits: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like forward -> (logits [r, V], final hidden states [r, H]) at the last r = num_logits rows (all if 0).
+
+        Needs a context made with hidden_states. The hidden states are what the output layer reads.
+        """
+        if not self._hidden_states:
+            raise EvospecError("this llama.cpp context was made without hidden states (new_lm(hidden_states=True))")
+        return self._forward(token_ids, num_logits, hidden=True)
+
+    def _forward(self, token_ids: Sequence[int], num_logits: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = len(token_ids)
         if num_logits > 0:  # a prefill or catch-up: big chunks, outputs only at the end
             rows = min(num_logits, n)
             self._decode(token_ids, self.model.config.batch_size, first_output=n - rows)
-            return self._logits(rows)
+            return self._outputs(rows, hidden)
         chunk = self.model.config.exact_rows
         if n <= chunk:
             self._decode(token_ids, chunk, first_output=0)
-            return self._logits(n)
+            return self._outputs(n, hidden)
         parts = []
         for start in range(0, n, chunk):
             self._decode(token_ids[start : start + chunk], chunk, first_output=0)
-            parts.append(self._logits(min(chunk, n - start)).clone())  # the next call overwrites the buffer
-        return torch.cat(parts)
+            # The next call overwrites the buffers.
+            parts.append([None if t is None else t.clone() for t in self._outputs(min(chunk, n - start), hidden)])
+        logits, states = zip(*parts)
+        return torch.cat(logits), torch.cat(states) if hidden else None
 
-    def _logits(self, rows: int) -> torch.Tensor:
-        """The last call's output logits [rows, V], viewed in place."""
+    def _outputs(self, rows: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The last call's output logits [rows, V] and, if asked, hidden states [rows, H], viewed in place."""
         logits = self._lib.llama_get_logits(self.handle)
-        return torch.from_numpy(np.ctypeslib.as_array(logits, shape=(rows, self.model.vocab_size)))
-
-    def forward_with_hidden(self, token_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Like forward -> (logits [n, V], final hidden states [n, H]); needs a context made with hidden_states."""
-        if not self._hidden_states:
-            raise EvospecError("this llama.cpp context was made without hidden states (new_lm(hidden_states=True))")
-        if len(token_ids) > self.model.config.exact_rows:
-            raise EvospecError(f"forward_with_hidden takes at most {self.model.config.exact_rows} tokens per call")
-        logits = self.forward(token_ids)
-        embeddings = self._lib.llama_get_embeddings(self.handle)
-        hidden = np.ctypeslib.as_array(embeddings, shape=(len(token_ids), self.model.hidden_size))
-        return logits, torch.from_numpy(hidden)
+        logits = torch.from_numpy(np.ctypeslib.as_array(logits, shape=(rows, self.model.vocab_size)))
+        if not hidden:
+            return logits, None
+        states = self._lib.llama_get_embeddings(self.handle)
+        return logits, torch.from_numpy(np.ctypeslib.as_array(states, shape=(rows, self.model.hidden_size)))
 
     def trim(self, length: int) -> None:
         """Keep the first `length` cached tokens."""

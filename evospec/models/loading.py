@@ -179,6 +179,13 @@ def vocab_size(loaded: LoadedModel) -> int:
     return loaded.model.config.get_text_config().vocab_size
 
 
+def hidden_size(loaded: LoadedModel) -> int:
+    """The width of the model's final hidden states (what white-box drafters read)."""
+    if isinstance(loaded.model, LlamaCppModel):
+        return loaded.model.hidden_size
+    return loaded.model.config.get_text_config().hidden_size
+
+
 def context_length(loaded: LoadedModel) -> int:
     """The longest sequence the model takes (config.max_position_embeddings; llama.cpp's context size)."""
     if isinstance(loaded.model, LlamaCppModel):

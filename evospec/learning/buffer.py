@@ -1,0 +1,99 @@
+"""A bounded buffer of what verification told: the learners' training data.
+
+Rounds arrive as RoundFeedback; the buffer keeps their rows (one per verified context position that
+has the target's next-token distribution) in context order, so that consecutive rows of one request
+form a trace a drafter can be trained on as a sequence. The oldest rows go first when it is full.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from evospec.types import RoundFeedback
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Consecutive context positions of one request, with what the target said at each."""
+
+    tokens: torch.Tensor  # [T] int64 the token at each position
+    hidden: torch.Tensor | None  # [T, H] float32 the target's final hidden state there
+    top_ids: torch.Tensor  # [T, K] int64 the target's most likely next tokens
+    top_probs: torch.Tensor  # [T, K] float32 their probabilities
+    rejected: torch.Tensor  # [T] bool: a drafted next token was rejected here (OSD learns from these)
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.numel())
+
+
+@dataclass(frozen=True)
+class _Row:
+    request: int
+    position: int
+    token: int
+    hidden: torch.Tensor | None  # [H]
+    top_ids: torch.Tensor  # [K]
+    top_probs: torch.Tensor  # [K]
+    rejected: bool
+
+
+class FeedbackBuffer:
+    """The newest `capacity` rows of feedback; `recent(n)` gives them back as traces."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 2:
+            raise ValueError(f"a feedback buffer needs room for at least 2 rows, got {capacity}")
+        self.capacity = capacity
+        self._rows: deque[_Row] = deque(maxlen=capacity)
+        self.rows_added = 0  # ever, including the ones dropped since
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def add(self, feedback: RoundFeedback) -> None:
+        """Keep the rows of one round (the last rows of its tokens: those the target's distribution came with)."""
+        rows = feedback.top_ids.shape[0]
+        first = feedback.tokens.numel() - rows
+        for row in range(rows):
+            self._rows.append(_Row(
+                request=feedback.request,
+                position=feedback.position + first + row,
+                token=int(feedback.tokens[first + row]),
+                hidden=None if feedback.hidden is None else feedback.hidden[row].detach().clone(),
+                top_ids=feedback.top_ids[row].clone(),
+                top_probs=feedback.top_probs[row].clone(),
+                rejected=feedback.rejected and row == rows - 1,
+            ))
+        self.rows_added += rows
+
+    def recent(self, rows: int) -> list[Trace]:
+        """The newest `rows` rows (at most), cut into traces of consecutive positions of one request."""
+        picked = list(self._rows)[-rows:]
+        traces, start = [], 0
+        for i in range(1, len(picked) + 1):
+            if i == len(picked) or (picked[i].request, picked[i].position) != (picked[i - 1].request, picked[i - 1].position + 1):
+                traces.append(_trace(picked[start:i]))
+                start = i
+        return traces
+
+    def nbytes(self) -> int:
+        """Memory held by the rows' tensors."""
+        return sum(
+            row.top_ids.nbytes + row.top_probs.nbytes + (row.hidden.nbytes if row.hidden is not None else 0)
+            for row in self._rows
+        )
+
+
+def _trace(rows: list[_Row]) -> Trace:
+    has_hidden = rows[0].hidden is not None
+    return Trace(
+        tokens=torch.tensor([row.token for row in rows], dtype=torch.long),
+        hidden=torch.stack([row.hidden for row in rows]) if has_hidden else None,
+        top_ids=torch.stack([row.top_ids for row in rows]),
+        top_probs=torch.stack([row.top_probs for row in rows]),
+        rejected=torch.tensor([row.rejected for row in rows], dtype=torch.bool),
+    )

@@ -1,0 +1,349 @@
+"""Online learners: they turn each round's feedback into updates of a white-box drafter while it serves.
+
+OGD (OnlineSPEC's Online-LR), optimistic OGD (Opt-Hydra: the previous gradient is the hint for the
+next, w <- w - lr * (2 g_t - g_{t-1}); or its momentum form) and an online ensemble of learning rates
+(Ens-Eagle: copies with lr, 2 lr, 4 lr weighted by Hedge, serving the weighted combination). Every
+learner keeps a bounded feedback buffer, steps on a schedule, and is guarded: a step with a
+non-finite loss or gradient is skipped, and when the drafter's rolling acceptance falls a margin
+below that of the last good weights, those weights come back.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from evospec.errors import EvospecError
+from evospec.learning.buffer import FeedbackBuffer, Trace
+from evospec.learning.losses import LossConfig, TrainingOutputs, drafter_loss
+from evospec.types import RoundFeedback
+
+SCHEDULES = ("rounds", "request", "chunk")
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """How a learner learns. Each default is defined here, once."""
+
+    lr: float = 0.05  # SGD step size (the ensemble's smallest)
+    schedule: str = "rounds"  # rounds: every `every` rounds; request: after each request; chunk: after `every` requests
+    every: int = 8
+    buffer_rows: int = 4096  # feedback rows kept; the oldest go first
+    batch_rows: int = 256  # a step learns from the newest rows
+    optimistic_form: str = "hint"  # hint: 2 g_t - g_{t-1}; momentum: SGD with `momentum`
+    momentum: float = 0.9
+    ensemble_scales: tuple[float, ...] = (1.0, 2.0, 4.0)  # the copies' learning rates, in units of lr
+    hedge_temperature: float = 0.05  # weights = softmax(-discounted loss / temperature)
+    hedge_discount: float = 0.9  # older losses count less, so the weights can follow a shift
+    restart_each_chunk: bool = False  # ensemble: copies restart from the combination after each chunk
+    grad_clip: float = 1.0  # gradient norm cap
+    rollback_margin: float = 0.15  # roll back when rolling acceptance is this far below the good weights'
+    rollback_window: int = 64  # rounds of the drafter in the rolling acceptance
+    loss: LossConfig = field(default_factory=LossConfig)
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise EvospecError(f"learning rate must be > 0, got {self.lr}")
+        if self.schedule not in SCHEDULES:
+            raise EvospecError(f"unknown learning schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        if self.every < 1:
+            raise EvospecError(f"learn-every must be >= 1, got {self.every}")
+        if self.buffer_rows < 2 or not 2 <= self.batch_rows <= self.buffer_rows:
+            raise EvospecError(f"need 2 <= batch rows ({self.batch_rows}) <= buffer rows ({self.buffer_rows})")
+        if self.optimistic_form not in ("hint", "momentum"):
+            raise EvospecError(f"optimistic form is 'hint' or 'momentum', got {self.optimistic_form!r}")
+
+
+class LearnableDrafter(Protocol):
+    """A drafter whose `module` a learner may update between rounds."""
+
+    name: str
+    learnable: bool  # False: not a drafter a learner can train
+    module: torch.nn.Module
+    version: int  # learning steps applied
+
+    @property
+    def row_of(self) -> torch.Tensor:
+        """[V] the drafter's output row of each target id, -1 where it has none."""
+
+    def training_outputs(self, module: torch.nn.Module, trace: Trace) -> TrainingOutputs:
+        """Teacher-forced predictions of module (the drafter's own or a same-shaped copy) over a trace."""
+
+
+@dataclass
+class LearnerStats:
+    """What a learner did; `losses` is the online loss of each step, measured before it."""
+
+    steps: int = 0
+    skipped: int = 0  # steps with a non-finite loss or gradient
+    rollbacks: int = 0
+    learn_s: float = 0.0
+    losses: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"steps": self.steps, "skipped": self.skipped, "rollbacks": self.rollbacks,
+                "learn_s": self.learn_s, "last_loss": self.losses[-1] if self.losses else None}
+
+
+class _Guard:
+    """Rolling acceptance of the drafter's rounds, and the last weights that served well."""
+
+    def __init__(self, config: LearnerConfig) -> None:
+        self.margin = config.rollback_margin
+        self.rounds: deque[tuple[int, int]] = deque(maxlen=config.rollback_window)
+        self.good_state: dict[str, torch.Tensor] | None = None
+        self.good_rate: float | None = None
+
+    def record(self, accepted: int, drafted: int) -> None:
+        self.rounds.append((accepted, drafted))
+
+    @property
+    def rate(self) -> float | None:
+        """Acceptance over a full window of rounds; None until the window is full."""
+        if len(self.rounds) < self.rounds.maxlen:
+            return None
+        drafted = sum(d for _, d in self.rounds)
+        return sum(a for a, _ in self.rounds) / drafted if drafted else None
+
+    def check(self, module: torch.nn.Module) -> bool:
+        """Roll module back if it serves clearly worse than the good weights (-> True); else remember it if it serves best."""
+        rate = self.rate
+        if rate is None:
+            return False
+        if self.good_rate is not None and rate < self.good_rate - self.margin:
+            module.load_state_dict(self.good_state)
+            self.rounds.clear()  # judge the restored weights on fresh rounds
+            self.good_rate = None
+            return True
+        if self.good_rate is None or rate >= self.good_rate:
+            self.good_state = {key: value.detach().clone() for key, value in module.state_dict().items()}
+            self.good_rate = rate
+        return False
+
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.good_state.values()) if self.good_state else 0
+
+
+class OnlineLearner:
+    """Buffers feedback, steps when the schedule says, guards the drafter. Subclasses update the weights."""
+
+    name = "base"
+
+    def __init__(self, drafter: LearnableDrafter, config: LearnerConfig) -> None:
+        self.drafter = drafter
+        self.config = config
+        self.buffer = FeedbackBuffer(config.buffer_rows)
+        self.stats = LearnerStats()
+        self.guard = _Guard(config)
+        self._rounds = 0
+        self._requests = 0
+
+    needs_hidden_states = True  # the drafters it trains read them
+
+    def begin_request(self) -> None:
+        """A request starts (the schedule counts requests)."""
+
+    def observe(self, feedback: RoundFeedback) -> None:
+        """Keep a round's feedback; learn if the schedule says so."""
+        self.buffer.add(feedback)
+        if feedback.drafter == self.drafter.name and feedback.drafted.numel():
+            self.guard.record(feedback.num_accepted, int(feedback.drafted.numel()))
+        if feedback.drafter is not None:
+            self._rounds += 1
+        if self.config.schedule == "rounds" and self._rounds >= self.config.every:
+            self.learn()
+
+    def end_request(self) -> None:
+        """A request ended: learn if the schedule says so."""
+        self._requests += 1
+        if self.config.schedule == "request" or (self.config.schedule == "chunk" and self._requests % self.config.every == 0):
+            self.learn()
+            self.end_chunk()
+
+    def end_chunk(self) -> None:
+        """A chunk of learning ended (the ensemble may restart its copies)."""
+
+    def learn(self) -> None:
+        """One step on the newest rows of the buffer, unless the guard rolls the drafter back instead."""
+        self._rounds = 0
+        start = time.perf_counter()
+        if self.guard.check(self.drafter.module):
+            self.stats.rollbacks += 1
+            self.reset_optimizer()
+        elif traces := [trace for trace in self.buffer.recent(self.config.batch_rows) if trace.length >= 2]:
+            loss = self.update(lambda module: self.loss(module, traces))
+            if loss is None:
+                self.stats.skipped += 1
+            else:
+                self.stats.steps += 1
+                self.stats.losses.append(loss)
+                self.drafter.version += 1
+        self.stats.learn_s += time.perf_counter() - start
+
+    def loss(self, module: torch.nn.Module, traces: list[Trace]) -> torch.Tensor:
+        """Row-weighted mean loss of module over traces."""
+        total = sum(
+            drafter_loss(self.drafter.training_outputs(module, trace), trace, self.drafter.row_of, self.config.loss) * trace.length
+            for trace in traces
+        )
+        return total / sum(trace.length for trace in traces)
+
+    def update(self, loss_of: Callable[[torch.nn.Module], torch.Tensor]) -> float | None:
+        """Update the drafter from loss_of(module) -> the loss before the update, None if it was skipped."""
+        raise NotImplementedError
+
+    def reset_optimizer(self) -> None:
+        """Forget optimizer state (after a rollback)."""
+
+    def nbytes(self) -> dict[str, int]:
+        """Memory held: feedback buffer, optimizer state (and copies), the guard's good weights."""
+        return {"buffer": self.buffer.nbytes(), "optimizer": self._optimizer_nbytes(), "guard": self.guard.nbytes()}
+
+    def _optimizer_nbytes(self) -> int:
+        return 0
+
+
+def _gradients(module: torch.nn.Module, loss: torch.Tensor, clip: float) -> list[torch.Tensor] | None:
+    """Gradients of loss w.r.t. module's trainable parameters, norm-clipped; None if anything is not finite."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not torch.isfinite(loss):
+        return None
+    # allow_unused: a Hydra head deeper than every trace gets no gradient this step
+    grads = [
+        torch.zeros_like(p) if g is None else g
+        for p, g in zip(params, torch.autograd.grad(loss, params, allow_unused=True))
+    ]
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    if not torch.isfinite(norm):
+        return None
+    scale = min(1.0, clip / (float(norm) + 1e-12))
+    return [g * scale for g in grads]
+
+
+def _trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+class OGDLearner(OnlineLearner):
+    """Online gradient descent: w <- w - lr * g_t."""
+
+    name = "ogd"
+
+    def update(self, loss_of):
+        loss = loss_of(self.drafter.module)
+        grads = _gradients(self.drafter.module, loss, self.config.grad_clip)
+        if grads is None:
+            return None
+        with torch.no_grad():
+            for param, grad in zip(_trainable(self.drafter.module), grads):
+                param.sub_(self.config.lr * grad)
+        return loss.item()
+
+
+class OptimisticLearner(OnlineLearner):
+    """Optimistic OGD: the previous gradient hints the next, w <- w - lr * (2 g_t - g_{t-1}); or, in its
+    momentum form, SGD with momentum kept across steps."""
+
+    name = "optimistic"
+
+    def __init__(self, drafter: LearnableDrafter, config: LearnerConfig) -> None:
+        super().__init__(drafter, config)
+        self._previous: list[torch.Tensor] | None = None  # g_{t-1}, or the momentum buffer
+
+    def update(self, loss_of):
+        loss = loss_of(self.drafter.module)
+        grads = _gradients(self.drafter.module, loss, self.config.grad_clip)
+        if grads is None:
+            return None
+        with torch.no_grad():
+            if self.config.optimistic_form == "hint":
+                steps = grads if self._previous is None else [2 * g - h for g, h in zip(grads, self._previous)]
+                self._previous = grads
+            else:
+                previous = self._previous or [torch.zeros_like(g) for g in grads]
+                steps = self._previous = [self.config.momentum * h + g for g, h in zip(grads, previous)]
+            for param, step in zip(_trainable(self.drafter.module), steps):
+                param.sub_(self.config.lr * step)
+        return loss.item()
+
+    def reset_optimizer(self) -> None:
+        self._previous = None
+
+    def _optimizer_nbytes(self) -> int:
+        return sum(t.nbytes for t in self._previous) if self._previous else 0
+
+
+class EnsembleLearner(OnlineLearner):
+    """Copies of the drafter learn with lr * scale each; Hedge weights them by their discounted online
+    losses, and the drafter serves the weighted average of their weights."""
+
+    name = "ensemble"
+
+    def __init__(self, drafter: LearnableDrafter, config: LearnerConfig) -> None:
+        super().__init__(drafter, config)
+        self.copies = [copy.deepcopy(drafter.module) for _ in config.ensemble_scales]
+        self.discounted_losses = torch.zeros(len(self.copies))
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """Hedge weights of the copies [K]."""
+        return torch.softmax(-self.discounted_losses / self.config.hedge_temperature, dim=0)
+
+    def update(self, loss_of):
+        losses = []
+        for module, scale in zip(self.copies, self.config.ensemble_scales):
+            loss = loss_of(module)
+            grads = _gradients(module, loss, self.config.grad_clip)
+            if grads is None:
+                return None
+            losses.append(loss.item())
+            with torch.no_grad():
+                for param, grad in zip(_trainable(module), grads):
+                    param.sub_(self.config.lr * scale * grad)
+        served = float((self.weights * torch.tensor(losses)).sum())  # the combination's expected online loss
+        self.discounted_losses = self.config.hedge_discount * self.discounted_losses + torch.tensor(losses)
+        self._serve_combination()
+        return served
+
+    def _serve_combination(self) -> None:
+        weights = self.weights.tolist()
+        copies = [_trainable(module) for module in self.copies]
+        with torch.no_grad():
+            for index, param in enumerate(_trainable(self.drafter.module)):
+                param.copy_(sum(w * params[index] for w, params in zip(weights, copies)))
+
+    def end_chunk(self) -> None:
+        if self.config.restart_each_chunk:
+            for module in self.copies:
+                module.load_state_dict(self.drafter.module.state_dict())
+
+    def reset_optimizer(self) -> None:
+        for module in self.copies:  # every copy restarts from the restored weights
+            module.load_state_dict(self.drafter.module.state_dict())
+        self.discounted_losses.zero_()
+
+    def _optimizer_nbytes(self) -> int:
+        return sum(p.nbytes for module in self.copies for p in module.parameters())
+
+
+LEARNERS: dict[str, type[OnlineLearner]] = {
+    learner.name: learner for learner in (OGDLearner, OptimisticLearner, EnsembleLearner)
+}
+NO_LEARNER = "none"
+
+
+def build_learner(name: str, drafter: LearnableDrafter, config: LearnerConfig) -> OnlineLearner | None:
+    """The learner `name` (one of LEARNERS, or 'none') for a white-box drafter."""
+    if name == NO_LEARNER:
+        return None
+    if name not in LEARNERS:
+        raise EvospecError(f"unknown learner {name!r}; choose one of {NO_LEARNER}, {', '.join(LEARNERS)}")
+    if not drafter.learnable:
+        raise EvospecError(f"drafter '{drafter.name}' cannot learn on line; learners train eagle and hydra drafters")
+    return LEARNERS[name](drafter, config)

@@ -1,0 +1,167 @@
+"""White-box drafters learning while they serve: lossless, learning for real, bounded, guarded, saved."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TINY_VOCAB, random_prompts, reference_greedy, tiny_model, word_tokenizer
+from evospec.config import GenerationConfig
+from evospec.drafters.registry import WHITE_BOX_KINDS, new_white_box_drafter
+from evospec.drafters.whitebox import WhiteBoxConfig
+from evospec.engine import Engine
+from evospec.errors import EvospecError
+from evospec.learning import LEARNERS, FeedbackBuffer, LearnerConfig, build_learner
+from evospec.models.loading import LoadedModel
+from evospec.stats import SpecStats
+from evospec.target import CachedLM
+from evospec.types import RoundFeedback
+
+HIDDEN = 64  # tiny_model's
+
+
+@pytest.fixture(scope="module")
+def sharp_target() -> LoadedModel:
+    """The tiny random target with a sharpened output layer: its next-token distributions are peaked,
+    as a trained model's are, so there is something for a drafter to learn."""
+    model = tiny_model(seed=0)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    tokenizer = word_tokenizer(["<unk>", "<eos>", *(f"w{i}" for i in range(TINY_VOCAB - 2))])
+    return LoadedModel("tiny-sharp", model, tokenizer, "tiny-sharp", backend="hf")
+
+
+def white_box(kind: str, target: LoadedModel, seed: int = 0):
+    torch.manual_seed(seed)
+    return new_white_box_drafter(kind, target, config=WhiteBoxConfig(kind, HIDDEN, head_vocab=80, intermediate_size=96))
+
+
+def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int = 32, k: int = 3) -> tuple[list[list[int]], list[SpecStats]]:
+    outputs, stats = [], []
+    for prompt in prompts:
+        stats.append(SpecStats())
+        config = GenerationConfig(max_new_tokens=max_new_tokens, num_speculative_tokens=k)
+        outputs.append(list(engine.generate(prompt, config, stats[-1])))
+    return outputs, stats
+
+
+@pytest.mark.parametrize("learner", [*LEARNERS, "none"])
+@pytest.mark.parametrize("kind", WHITE_BOX_KINDS)
+def test_greedy_output_is_plain_decoding_while_the_drafter_learns(sharp_target, kind, learner):
+    drafter = white_box(kind, sharp_target)
+    trainer = build_learner(learner, drafter, LearnerConfig(every=2, batch_rows=64, lr=0.5))
+    engine = Engine(CachedLM(sharp_target.model), [drafter], frozenset(), 256, learners=[trainer] if trainer else [])
+    prompts = random_prompts(4, seed=3)
+    outputs, stats = run(engine, prompts)
+    assert outputs == [reference_greedy(sharp_target.model, prompt, 32) for prompt in prompts]
+    assert sum(s.num_draft_tokens for s in stats) > 0
+    if trainer:
+        assert trainer.stats.steps > 0 and drafter.version == trainer.stats.steps
+
+
+def test_online_loss_falls_and_acceptance_rises_on_a_fixed_stream(sharp_target):
+    drafter = white_box("eagle", sharp_target)
+    learner = build_learner("ogd", drafter, LearnerConfig(every=4, batch_rows=128, lr=0.5))
+    engine = Engine(CachedLM(sharp_target.model), [drafter], frozenset(), 256, learners=[learner])
+    _, stats = run(engine, random_prompts(4) * 3, max_new_tokens=48)
+    losses = learner.stats.losses
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
+    first = sum(s.num_accepted_tokens for s in stats[:4]) / sum(s.num_draft_tokens for s in stats[:4])
+    last = sum(s.num_accepted_tokens for s in stats[-4:]) / sum(s.num_draft_tokens for s in stats[-4:])
+    assert last > first + 0.1
+
+
+def test_the_ensemble_moves_its_weight_to_the_best_learning_rate(sharp_target):
+    # lr so small that the copy with 4x learns clearly fastest on this stream
+    drafter = white_box("eagle", sharp_target)
+    learner = build_learner("ensemble", drafter, LearnerConfig(every=4, batch_rows=128, lr=0.05))
+    engine = Engine(CachedLM(sharp_target.model), [drafter], frozenset(), 256, learners=[learner])
+    run(engine, random_prompts(4) * 2, max_new_tokens=48)
+    weights = learner.weights
+    assert int(weights.argmax()) == 2 and float(weights[2]) > 0.6, weights
+
+
+def feedback(request: int, position: int, rows: int, hidden: float = 0.0) -> RoundFeedback:
+    return RoundFeedback(
+        request=request, drafter="eagle", position=position, tokens=torch.arange(rows) % TINY_VOCAB,
+        drafted=torch.arange(rows), num_accepted=rows - 1, hidden=torch.full((rows, HIDDEN), hidden),
+        top_ids=torch.zeros(rows, 16, dtype=torch.long), top_probs=torch.full((rows, 16), 1 / 16),
+    )
+
+
+def test_the_buffer_stays_bounded_on_an_endless_stream():
+    buffer = FeedbackBuffer(capacity=100)
+    for round_ in range(1000):
+        buffer.add(feedback(request=round_ // 50, position=3 * (round_ % 50), rows=3))
+    assert len(buffer) == 100 and buffer.rows_added == 3000
+    assert buffer.nbytes() == 100 * (HIDDEN * 4 + 16 * 8 + 16 * 4)
+    traces = buffer.recent(100)
+    assert sum(trace.length for trace in traces) == 100
+    assert all(trace.hidden.shape == (trace.length, HIDDEN) for trace in traces)
+
+
+def test_learner_reports_its_memory(sharp_target):
+    drafter = white_box("eagle", sharp_target)
+    learner = build_learner("ensemble", drafter, LearnerConfig(buffer_rows=64, batch_rows=32))
+    for round_ in range(100):
+        learner.observe(feedback(request=0, position=3 * round_, rows=3))
+    memory = learner.nbytes()
+    copies = 3 * sum(p.nbytes for p in drafter.module.parameters())
+    assert memory["optimizer"] == copies and memory["buffer"] == learner.buffer.nbytes() <= 64 * 1000
+
+
+def test_a_non_finite_loss_skips_the_step_and_keeps_the_weights(sharp_target):
+    drafter = white_box("hydra", sharp_target)
+    learner = build_learner("ogd", drafter, LearnerConfig(every=1, batch_rows=8))
+    before = {key: value.clone() for key, value in drafter.module.state_dict().items()}
+    learner.observe(feedback(request=0, position=0, rows=4, hidden=float("nan")))
+    assert learner.stats.skipped == 1 and learner.stats.steps == 0 and drafter.version == 0
+    assert all(torch.equal(before[key], value) for key, value in drafter.module.state_dict().items())
+
+
+def test_the_guard_rolls_back_when_acceptance_falls(sharp_target):
+    drafter = white_box("eagle", sharp_target)
+    config = LearnerConfig(every=1000, rollback_window=8, rollback_margin=0.2)
+    learner = build_learner("ogd", drafter, config)
+    good = {key: value.clone() for key, value in drafter.module.state_dict().items()}
+    for round_ in range(8):  # accepted 2 of 3 each round
+        learner.observe(feedback(request=0, position=3 * round_, rows=3))
+    learner.learn()  # the guard remembers these weights, then the step changes them
+    assert learner.stats.steps == 1
+    for round_ in range(8, 16):  # nothing accepted any more
+        learner.observe(RoundFeedback(
+            request=0, drafter="eagle", position=3 * round_, tokens=torch.tensor([1]), drafted=torch.arange(3),
+            num_accepted=0, hidden=torch.zeros(1, HIDDEN), top_ids=torch.zeros(1, 16, dtype=torch.long),
+            top_probs=torch.ones(1, 16) / 16,
+        ))
+    learner.learn()
+    assert learner.stats.rollbacks == 1
+    assert all(torch.equal(good[key], value) for key, value in drafter.module.state_dict().items())
+
+
+@pytest.mark.parametrize("kind", WHITE_BOX_KINDS)
+def test_a_saved_drafter_loads_back_and_drafts_the_same(sharp_target, kind, tmp_path):
+    drafter = white_box(kind, sharp_target, seed=7)
+    drafter.version = 5
+    drafter.save(tmp_path / kind, sharp_target.name)
+    loaded = new_white_box_drafter(kind, sharp_target, tmp_path / kind)
+    assert torch.equal(loaded.vocab.ids, drafter.vocab.ids) and loaded.config == drafter.config
+    prompts = random_prompts(2, seed=1)
+    outputs = [run(Engine(CachedLM(sharp_target.model), [d], frozenset(), 256), prompts)[1] for d in (drafter, loaded)]
+    assert [s.num_accepted_tokens_per_pos for s in outputs[0]] == [s.num_accepted_tokens_per_pos for s in outputs[1]]
+    other = "hydra" if kind == "eagle" else "eagle"
+    with pytest.raises(EvospecError, match=f"holds a {kind} drafter"):
+        new_white_box_drafter(other, sharp_target, tmp_path / kind)
+    with pytest.raises(EvospecError, match="not a drafter checkpoint"):
+        new_white_box_drafter(kind, sharp_target, tmp_path)
+
+
+def test_learners_only_train_white_box_drafters(sharp_target):
+    from evospec.drafters import NgramDrafter
+
+    with pytest.raises(EvospecError, match="cannot learn"):
+        build_learner("ogd", NgramDrafter(), LearnerConfig())
+    with pytest.raises(EvospecError, match="unknown learner"):
+        build_learner("adam", white_box("eagle", sharp_target), LearnerConfig())
+    with pytest.raises(EvospecError, match="schedule"):
+        LearnerConfig(schedule="hourly")
