@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from evospec.config import BACKENDS, DEFAULT_DTYPE, DTYPES, GenerationConfig, SamplingConfig
 from evospec.errors import EvospecError
+from evospec.serve.config import ServerConfig
+
+if TYPE_CHECKING:
+    from evospec.generation import TextGenerator
 
 DEFAULTS = GenerationConfig()
 DEFAULT_SAMPLING = SamplingConfig()
+SERVER = ServerConfig()
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b-instruct"
 
@@ -25,6 +34,15 @@ def _add_generation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens)
     parser.add_argument("--backend", choices=BACKENDS, help="default: llamacpp for GGUF files and zoo aliases on a CPU, hf otherwise")
     parser.add_argument("--dtype", choices=DTYPES, help=f"hf backend only (default {DEFAULT_DTYPE})")
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", required=True, help="zoo alias, local directory, .gguf file or HF id")
+    parser.add_argument("--drafter", action="append",
+                        help="none | ngram | suffix | lm:MODEL (or just MODEL); repeat for a selector to pick among")
+    parser.add_argument("--selector", help="ucb-bd (default with several drafters) | ucb-be | exp3 | thompson | "
+                                           "egreedy | round-robin | fixed:NAME")
+    _add_generation_options(parser)
 
 
 def _generation_config(args: argparse.Namespace, **overrides) -> GenerationConfig:
@@ -43,23 +61,33 @@ def _generation_config(args: argparse.Namespace, **overrides) -> GenerationConfi
     )
 
 
-def cmd_generate(args: argparse.Namespace) -> None:
-    from evospec.draft_length import adaptive_draft_length
-    from evospec.drafters.registry import build_drafter
-    from evospec.generation import TextGenerator
-    from evospec.models.loading import load_model
-    from evospec.selection import DEFAULT_SELECTOR, build_selector
-
-    config = _generation_config(args)  # validate settings before loading GBs of weights
+def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Callable[[], TextGenerator]:
+    """Check the model options now; the function returned loads the target, drafters and selector they
+    name (seconds to minutes) and puts them behind a TextGenerator."""
     specs = args.drafter or ["none"]
     if args.selector and len(specs) < 2:
         raise EvospecError("--selector picks among several drafters: give --drafter more than once")
-    target = load_model(args.target, args.dtype, args.backend)
-    drafters = [drafter for spec in specs if (drafter := build_drafter(spec, target, args.dtype))]
-    names = [drafter.name for drafter in drafters]
-    selector = build_selector(args.selector or DEFAULT_SELECTOR, names) if len(drafters) > 1 else None
-    draft_length = adaptive_draft_length(target, config.num_speculative_tokens) if args.adaptive_k else None
-    generator = TextGenerator(target, drafters, draft_length, selector)
+
+    def load() -> TextGenerator:
+        from evospec.draft_length import adaptive_draft_length
+        from evospec.drafters.registry import build_drafter
+        from evospec.generation import TextGenerator
+        from evospec.models.loading import load_model
+        from evospec.selection import DEFAULT_SELECTOR, build_selector
+
+        target = load_model(args.target, args.dtype, args.backend)
+        drafters = [drafter for spec in specs if (drafter := build_drafter(spec, target, args.dtype))]
+        names = [drafter.name for drafter in drafters]
+        selector = build_selector(args.selector or DEFAULT_SELECTOR, names) if len(drafters) > 1 else None
+        draft_length = adaptive_draft_length(target, config.num_speculative_tokens) if args.adaptive_k else None
+        return TextGenerator(target, drafters, draft_length, selector)
+
+    return load
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    config = _generation_config(args)  # validate settings before loading GBs of weights
+    generator = _generator_loader(args, config)()
     stream = generator.stream(args.prompt, config, chat=args.chat)
     if args.json:
         for _ in stream:
@@ -75,6 +103,21 @@ def cmd_generate(args: argparse.Namespace) -> None:
     stats = stream.stats
     rate = f", acceptance {stats.acceptance_rate:.2f}" if stats.acceptance_rate is not None else ""
     print(f"[{stats.new_tokens} tokens, {stats.tokens_per_s:.2f} tokens/s, tau {stats.tau:.2f}{rate}]", file=sys.stderr)
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from evospec.serve.app import serve
+    from evospec.serve.worker import Served
+
+    defaults = _generation_config(args)  # check everything before the server starts loading the model
+    load_generator = _generator_loader(args, defaults)
+    config = ServerConfig(
+        host=args.host, port=args.port, api_key=args.api_key, save_every=args.save_every,
+        state_dir=Path(args.state_dir) if args.state_dir else None, max_prompt_tokens=args.max_prompt_tokens,
+        max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
+    )
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
+    serve(config, args.served_model_name or args.target, lambda: Served(load_generator()), defaults)
 
 
 def cmd_pull(args: argparse.Namespace) -> None:
@@ -130,12 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     generate = commands.add_parser("generate", help="generate text from a prompt")
     generate.add_argument("prompt")
-    generate.add_argument("--target", required=True, help="zoo alias, local directory, .gguf file or HF id")
-    generate.add_argument("--drafter", action="append",
-                          help="none | ngram | suffix | lm:MODEL (or just MODEL); repeat for a selector to pick among")
-    generate.add_argument("--selector", help="ucb-bd (default with several drafters) | ucb-be | exp3 | thompson | "
-                                             "egreedy | round-robin | fixed:NAME")
-    _add_generation_options(generate)
+    _add_model_options(generate)
     generate.add_argument("--temperature", type=float, default=DEFAULT_SAMPLING.temperature)
     generate.add_argument("--top-k", type=int, default=DEFAULT_SAMPLING.top_k)
     generate.add_argument("--top-p", type=float, default=DEFAULT_SAMPLING.top_p)
@@ -144,6 +182,21 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     generate.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     generate.set_defaults(handler=cmd_generate)
+
+    serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, chat, metrics)")
+    _add_model_options(serve)
+    serve.add_argument("--served-model-name", help="the model name clients send (default: --target)")
+    serve.add_argument("--host", default=SERVER.host, help="address to listen on (default: loopback only)")
+    serve.add_argument("--port", type=int, default=SERVER.port)
+    serve.add_argument("--api-key", default=os.environ.get("EVOSPEC_API_KEY"),
+                       help="require 'Authorization: Bearer KEY' on all routes but /health (default: $EVOSPEC_API_KEY)")
+    serve.add_argument("--state-dir", help="save learned state here and restore it at start (default: keep nothing)")
+    serve.add_argument("--save-every", type=int, default=SERVER.save_every, help="requests between saves of the state")
+    serve.add_argument("--max-prompt-tokens", type=int, default=SERVER.max_prompt_tokens)
+    serve.add_argument("--max-tokens-limit", type=int, default=SERVER.max_tokens_limit,
+                       help="the largest max_tokens a request may ask for (--max-new-tokens: when it asks for none)")
+    serve.add_argument("--max-body-bytes", type=int, default=SERVER.max_body_bytes)
+    serve.set_defaults(handler=cmd_serve)
 
     pull = commands.add_parser("pull", help="download, verify and convert zoo models")
     pull.add_argument("alias", nargs="+")

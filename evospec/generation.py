@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from evospec.config import GenerationConfig
 from evospec.draft_length import DraftLength
@@ -14,6 +14,10 @@ from evospec.selection import Selector
 from evospec.stats import SpecStats
 
 
+# Text, or chat messages ({"role": ..., "content": ...}) in order.
+Prompt = str | Sequence[Mapping[str, str]]
+
+
 class TextStream:
     """One generation as an iterator of text pieces. Once iterated to the end, `text`, `token_ids`,
     `finish_reason` ("stop": EOS or a stop string; "length": max_new_tokens or the context) and
@@ -21,7 +25,7 @@ class TextStream:
 
     def __init__(self, generator: TextGenerator, prompt_ids: list[int], config: GenerationConfig) -> None:
         self._generator = generator
-        self._prompt_ids = prompt_ids
+        self.prompt_ids = prompt_ids
         self._config = config
         self.text = ""
         self.token_ids: list[int] = []  # generated ids, EOS included when generation ended on it
@@ -33,7 +37,7 @@ class TextStream:
         decode = self._generator.tokenizer.decode
         stops = self._config.stop
         hold = max((len(s) for s in stops), default=1) - 1  # a stop string may still be forming
-        tokens = engine.generate(self._prompt_ids, self._config, self.stats)
+        tokens = engine.generate(self.prompt_ids, self._config, self.stats)
         try:
             for token in tokens:
                 self.token_ids.append(token)
@@ -75,11 +79,11 @@ class TextGenerator:
             target.new_lm(), drafters, eos_token_ids(target), context_length(target), draft_length, selector
         )
 
-    def stream(self, prompt: str, config: GenerationConfig, chat: bool = False) -> TextStream:
-        """Start a generation; iterate the result for text pieces."""
+    def stream(self, prompt: Prompt, config: GenerationConfig, chat: bool = False) -> TextStream:
+        """Start a generation (the prompt as encode_prompt takes it); iterate the result for text pieces."""
         return TextStream(self, encode_prompt(self.target, prompt, chat), config)
 
-    def generate(self, prompt: str, config: GenerationConfig, chat: bool = False) -> TextStream:
+    def generate(self, prompt: Prompt, config: GenerationConfig, chat: bool = False) -> TextStream:
         """Generate to the end; the returned stream holds text, token ids, finish reason and stats."""
         stream = self.stream(prompt, config, chat)
         for _ in stream:
@@ -87,19 +91,23 @@ class TextGenerator:
         return stream
 
 
-def encode_prompt(model: LoadedModel, prompt: str, chat: bool = False) -> list[int]:
-    """Prompt text -> token ids; with chat, as one user message under the model's chat template."""
-    if not prompt.strip():
-        raise EvospecError("the prompt is empty")
+def encode_prompt(model: LoadedModel, prompt: Prompt, chat: bool = False) -> list[int]:
+    """Prompt -> token ids. Text is encoded as it is, or with chat as one user message; a list of chat
+    messages ({"role", "content"}) is a conversation. Messages go through the model's chat template,
+    ending where the assistant's reply begins."""
     tokenizer = model.tokenizer
-    if chat:
-        if not tokenizer.chat_template:
-            raise EvospecError(f"model '{model.name}' has no chat template; drop --chat")
-        prompt = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
-        return tokenizer.encode(prompt, add_special_tokens=False)
-    return tokenizer.encode(prompt)
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise EvospecError("the prompt is empty")
+        if not chat:
+            return tokenizer.encode(prompt)
+        prompt = [{"role": "user", "content": prompt}]
+    if not prompt:
+        raise EvospecError("the conversation has no messages")
+    if not tokenizer.chat_template:
+        raise EvospecError(f"model '{model.name}' has no chat template; prompt it with plain text (no --chat)")
+    text = tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:

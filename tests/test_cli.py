@@ -36,6 +36,10 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
         (["generate", "hi", "--target", SMOL, "--selector", "ucb-bd"], "--selector picks among several"),
         (["bench", "--stream", "poetry"], "unknown stream"),
         (["bench", "--stream", "category:poetry"], "unknown stream"),
+        (["serve", "--target", SMOL, "--port", "70000"], "port must be"),
+        (["serve", "--target", SMOL, "--max-new-tokens", "5000"], "exceeds max-tokens-limit"),
+        (["serve", "--target", SMOL, "--save-every", "0"], "save-every"),
+        (["serve", "--target", SMOL, "--selector", "ucb-bd"], "--selector picks among several"),
     ],
 )
 def test_bad_settings_fail_before_loading_anything(capsys, argv, message):
@@ -89,6 +93,11 @@ def test_a_real_process_prints_no_traceback():
     )
     assert result.returncode == 2
     assert result.stderr.startswith("evospec: error:") and "Traceback" not in result.stderr
+
+
+def test_a_server_whose_model_fails_to_load_stops_with_the_error(capsys):
+    status, _, err = run_cli(capsys, "serve", "--target", "no-such-model", "--port", "0")
+    assert status == 2 and "not a zoo alias" in err and "Traceback" not in err
 
 
 def test_models_lists_every_alias_whole(capsys, monkeypatch):

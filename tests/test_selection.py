@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -119,3 +120,28 @@ def test_bad_selector_specs_are_clear_errors(spec, message):
 
 def test_the_registry_lists_the_issues_selectors():
     assert set(SELECTORS) == {"ucb-bd", "ucb-be", "exp3", "thompson", "egreedy", "round-robin", "fixed"}
+
+
+@pytest.mark.parametrize("name", sorted(set(SELECTORS) - {"fixed"}) + ["fixed:b"])
+def test_a_restored_selector_goes_on_exactly_as_the_saved_one(name):
+    def picks(selector, seed: int) -> list[str]:
+        rng, means, arms = random.Random(seed), {"a": 0.2, "b": 0.5, "c": 0.7}, []
+        for _ in range(300):
+            arms.append(selector.select())
+            selector.update(arms[-1], float(rng.random() < means[arms[-1]]))
+        return arms
+
+    selector = build_selector(name, ["a", "b", "c"], SelectorConfig(seed=3))
+    picks(selector, seed=0)
+    restored = build_selector(name, ["a", "b", "c"], SelectorConfig(seed=4))  # its random state comes from the save
+    restored.load_state_dict(json.loads(json.dumps(selector.state_dict())))  # through JSON, as it is saved
+    assert picks(restored, seed=1) == picks(selector, seed=1)
+    assert restored.state_dict() == selector.state_dict()
+
+
+def test_a_selector_state_for_other_arms_is_refused():
+    state = build_selector("ucb-bd", ["a", "b"]).state_dict()
+    with pytest.raises(EvospecError, match="over"):
+        build_selector("ucb-bd", ["a", "c"]).load_state_dict(state)
+    with pytest.raises(EvospecError, match="EXP3"):
+        build_selector("exp3", ["a", "b"]).load_state_dict(state)

@@ -2,7 +2,8 @@
 
 All keep per-arm statistics that can be discounted (multiplied by `discount` every round, so old
 rewards fade on a non-stationary stream; 1.0 keeps everything) and draw random numbers from one
-seeded generator.
+seeded generator. `state_dict()` is all of that as JSON-able values (random state included), so a
+restored selector goes on exactly as the saved one would have.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from evospec.errors import EvospecError
 
@@ -46,6 +47,12 @@ class Selector(Protocol):
 
     def begin_request(self) -> None:
         """A new request starts (state is dropped when the selector is configured per request)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What it has learned, as JSON-able values."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a state_dict() of a selector of the same kind over the same arms."""
 
 
 class _Counts:
@@ -82,6 +89,26 @@ class _Counts:
     def unpulled(self) -> str | None:
         return next((arm for arm in self.arms if self.pulls[arm] == 0), None)
 
+    def state_dict(self) -> dict[str, Any]:
+        version, internal, gauss = self.rng.getstate()
+        return {"kind": self._kind(), "arms": list(self.arms), "pulls": dict(self.pulls),
+                "rewards": dict(self.rewards), "rng": [version, list(internal), gauss]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = (state.get("kind"), state.get("arms"))
+        if saved != (self._kind(), list(self.arms)):
+            raise EvospecError(f"saved selector state is for {saved[0]} over {saved[1]}, "
+                               f"not {self._kind()} over {list(self.arms)}")
+        pulls = {arm: float(state["pulls"][arm]) for arm in self.arms}
+        rewards = {arm: float(state["rewards"][arm]) for arm in self.arms}
+        rng = random.Random()
+        version, internal, gauss = state["rng"]
+        rng.setstate((version, tuple(internal), gauss))
+        self.pulls, self.rewards, self.rng = pulls, rewards, rng  # all or nothing
+
+    def _kind(self) -> str:
+        return f"{type(self).__name__}({self.reward_kind})"
+
 
 class UCB(_Counts):
     """MetaSD-UCB: every arm once, then argmax mean_i + beta * sqrt(2 ln t / n_i)."""
@@ -109,6 +136,14 @@ class EXP3(_Counts):
     def reset(self) -> None:
         super().reset()
         self.log_weights = dict.fromkeys(self.arms, 0.0)
+        self._last_probs = self.probabilities()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "log_weights": dict(self.log_weights)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.log_weights = {arm: float(state["log_weights"][arm]) for arm in self.arms}
         self._last_probs = self.probabilities()
 
     def probabilities(self) -> dict[str, float]:
@@ -177,6 +212,13 @@ class RoundRobin(_Counts):
     def reset(self) -> None:
         super().reset()
         self._turn = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "turn": self._turn}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._turn = int(state["turn"])
 
     def select(self) -> str:
         arm = self.arms[self._turn % len(self.arms)]

@@ -1,0 +1,31 @@
+"""Server settings: each default defined here once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from evospec.errors import EvospecError
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Where the server listens, who may call it, what it accepts and where it keeps its state."""
+
+    host: str = "127.0.0.1"  # loopback: reachable from this machine only, unless asked otherwise
+    port: int = 8000
+    api_key: str | None = None  # when set, every route but /health needs `Authorization: Bearer <key>`
+    state_dir: Path | None = None  # where learned state is saved and restored from; None keeps nothing
+    save_every: int = 32  # requests between two saves of the state (and one more on shutdown)
+    max_prompt_tokens: int = 8192
+    max_tokens_limit: int = 4096  # the largest max_tokens a request may ask for
+    max_body_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise EvospecError(f"port must be in 0..65535, got {self.port}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise EvospecError("the API key is empty")
+        for name in ("save_every", "max_prompt_tokens", "max_tokens_limit", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise EvospecError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
