@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING
 
 from evospec.config import BACKENDS, DEFAULT_DTYPE, DTYPES, GenerationConfig, SamplingConfig
 from evospec.errors import EvospecError
+from evospec.learning.learners import LEARNERS, NO_LEARNER, SCHEDULES, LearnerConfig
 from evospec.serve.config import ServerConfig
 
 if TYPE_CHECKING:
     from evospec.generation import TextGenerator
 
 DEFAULTS = GenerationConfig()
+LEARNING = LearnerConfig()
 DEFAULT_SAMPLING = SamplingConfig()
 SERVER = ServerConfig()
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -39,10 +41,26 @@ def _add_generation_options(parser: argparse.ArgumentParser) -> None:
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="zoo alias, local directory, .gguf file or HF id")
     parser.add_argument("--drafter", action="append",
-                        help="none | ngram | suffix | lm:MODEL (or just MODEL); repeat for a selector to pick among")
+                        help="none | ngram | suffix | eagle[:CHECKPOINT] | hydra[:CHECKPOINT] | lm:MODEL (or just MODEL); "
+                             "repeat for a selector to pick among")
     parser.add_argument("--selector", help="ucb-bd (default with several drafters) | ucb-be | exp3 | thompson | "
                                            "egreedy | round-robin | fixed:NAME")
+    learning = parser.add_argument_group("online learning (eagle and hydra drafters)")
+    learning.add_argument("--learner", choices=[NO_LEARNER, *LEARNERS], default=NO_LEARNER,
+                          help="train every white-box drafter while it serves (default: none, frozen)")
+    learning.add_argument("--lr", type=float, default=LEARNING.lr, help="learning rate (the ensemble's smallest)")
+    learning.add_argument("--learn-schedule", choices=SCHEDULES, default=LEARNING.schedule,
+                          help="step every --learn-every rounds, after each request, or after every --learn-every requests")
+    learning.add_argument("--learn-every", type=int, default=LEARNING.every)
+    learning.add_argument("--buffer-rows", type=int, default=LEARNING.buffer_rows,
+                          help="feedback rows (verified positions) kept for learning")
     _add_generation_options(parser)
+
+
+def _learner_config(args: argparse.Namespace) -> LearnerConfig:
+    batch_rows = min(LEARNING.batch_rows, args.buffer_rows)
+    return LearnerConfig(lr=args.lr, schedule=args.learn_schedule, every=args.learn_every,
+                         buffer_rows=args.buffer_rows, batch_rows=max(2, batch_rows))
 
 
 def _generation_config(args: argparse.Namespace, **overrides) -> GenerationConfig:
@@ -67,11 +85,13 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
     specs = args.drafter or ["none"]
     if args.selector and len(specs) < 2:
         raise EvospecError("--selector picks among several drafters: give --drafter more than once")
+    learner_config = _learner_config(args)
 
     def load() -> TextGenerator:
         from evospec.draft_length import adaptive_draft_length
         from evospec.drafters.registry import build_drafter
         from evospec.generation import TextGenerator
+        from evospec.learning import build_learner
         from evospec.models.loading import load_model
         from evospec.selection import DEFAULT_SELECTOR, build_selector
 
@@ -80,7 +100,12 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
         names = [drafter.name for drafter in drafters]
         selector = build_selector(args.selector or DEFAULT_SELECTOR, names) if len(drafters) > 1 else None
         draft_length = adaptive_draft_length(target, config.num_speculative_tokens) if args.adaptive_k else None
-        return TextGenerator(target, drafters, draft_length, selector)
+        learners = []
+        if args.learner != NO_LEARNER:
+            learners = [build_learner(args.learner, d, learner_config) for d in drafters if d.learnable]
+            if not learners:
+                raise EvospecError(f"--learner {args.learner} trains eagle or hydra drafters; none was given")
+        return TextGenerator(target, drafters, draft_length, selector, learners)
 
     return load
 
@@ -117,7 +142,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
         max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
     )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
-    serve(config, args.served_model_name or args.target, lambda: Served(load_generator()), defaults)
+
+    def load() -> Served:
+        generator = load_generator()
+        return Served(generator, {f"learner:{l.drafter.name}": l for l in generator.engine.learners})
+
+    serve(config, args.served_model_name or args.target, load, defaults)
 
 
 def cmd_pull(args: argparse.Namespace) -> None:
@@ -163,6 +193,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
         generation=_generation_config(args),
         out_dir=Path(args.out),
         command="evospec " + shlex.join(sys.argv[1:]),
+        white_box=Path(args.white_box).expanduser() if args.white_box else None,
+        learning=LearnerConfig(lr=args.lr, every=args.learn_every),
     )
     run_bench(settings)
 
@@ -216,9 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--target", default=DEFAULT_TARGET)
     bench.add_argument("--draft-model", default=DEFAULT_DRAFT_MODEL)
     bench.add_argument("--method", action="append", help="a method to run (repeatable); default: the suite's")
-    bench.add_argument("--suite", choices=("engine", "selection"), default="engine",
-                       help="engine: baselines and each drafter; selection: each drafter, every selector, the oracle")
-    bench.add_argument("--stream", default="mixed", help="mixed (category after category) or category:NAME")
+    bench.add_argument("--suite", choices=("engine", "selection", "learning"), default="engine",
+                       help="engine: baselines and each drafter; selection: each drafter, every selector, the oracle; "
+                            "learning: the --white-box drafter frozen and with each learner")
+    bench.add_argument("--stream", default="mixed",
+                       help="mixed or domain-shift (category after category; domain-shift plots tau per block) or category:NAME")
+    bench.add_argument("--white-box", metavar="CHECKPOINT", help="an eagle or hydra checkpoint (evospec train-drafter)")
+    bench.add_argument("--lr", type=float, default=LEARNING.lr, help="the learners' learning rate")
+    bench.add_argument("--learn-every", type=int, default=LEARNING.every, help="rounds between learning steps")
     bench.add_argument("--per-category", type=int, default=5)
     bench.add_argument("--out", default="benchmarks/latest", help="directory for results.json, results.md, plot")
     _add_generation_options(bench)

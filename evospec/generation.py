@@ -9,6 +9,7 @@ from evospec.draft_length import DraftLength
 from evospec.drafters import Drafter
 from evospec.engine import Engine
 from evospec.errors import EvospecError
+from evospec.learning import OnlineLearner
 from evospec.models.loading import LoadedModel, context_length, eos_token_ids
 from evospec.selection import Selector
 from evospec.stats import SpecStats
@@ -72,11 +73,13 @@ class TextGenerator:
         drafters: Sequence[Drafter],
         draft_length: DraftLength | None = None,
         selector: Selector | None = None,
+        learners: Sequence[OnlineLearner] = (),
     ) -> None:
         self.target = target
         self.tokenizer = target.tokenizer
         self.engine = Engine(
-            target.new_lm(), drafters, eos_token_ids(target), context_length(target), draft_length, selector
+            target.new_lm(hidden_states=bool(learners) or any(d.needs_hidden_states for d in drafters)), drafters, eos_token_ids(target), context_length(target), draft_length, selector,
+            learners,
         )
 
     def stream(self, prompt: Prompt, config: GenerationConfig, chat: bool = False) -> TextStream:

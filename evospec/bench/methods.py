@@ -2,12 +2,14 @@
 
 Method names follow shared/benchmarks.md: hf-plain, hf-assisted:<drafter> (hf backend),
 llamacpp-plain, llamacpp-lookup (llama.cpp backend), evospec-plain, evospec:<drafter>,
-select:<selector> (either); a /k=auto suffix marks the adaptive draft length.
+select:<selector> (either), evospec:<kind> and evospec:<kind>+<learner> for a white-box drafter
+(eagle or hydra, from one checkpoint) frozen or learning; a /k=auto suffix marks the adaptive draft length.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -15,7 +17,10 @@ import torch
 from evospec.config import GenerationConfig
 from evospec.draft_length import adaptive_draft_length
 from evospec.drafters import Drafter, NgramDrafter, SmallLMDrafter, SuffixDrafter
+from evospec.drafters.registry import new_white_box_drafter
+from evospec.drafters.whitebox import checkpoint_kind
 from evospec.engine import Engine
+from evospec.learning import LEARNERS, LearnerConfig, build_learner
 from evospec.errors import EvospecError
 from evospec.models.llamacpp import default_threads
 from evospec.models.loading import LoadedModel, context_length, eos_token_ids
@@ -130,17 +135,22 @@ class LlamaCppCompletionMethod:
 
 
 def build_methods(
-    names: list[str], target: LoadedModel, draft_model: LoadedModel | None, num_speculative_tokens: int
+    names: list[str], target: LoadedModel, draft_model: LoadedModel | None, num_speculative_tokens: int,
+    white_box: Path | None = None, learning: LearnerConfig = LearnerConfig(),
 ) -> list[BenchMethod]:
     """Methods by name: evospec:<drafter> (draft_model, ngram or suffix), select:<selector> over all of
-    them, and the baselines of the target's backend."""
+    them, the white-box checkpoint's drafter frozen and with each learner (each method its own copy),
+    and the baselines of the target's backend."""
     window = context_length(target)
     eos = eos_token_ids(target)
 
-    def engine(drafters: list[Drafter], adaptive: bool = False, selector: str | None = None) -> Engine:
+    def engine(drafters: list[Drafter], adaptive: bool = False, selector: str | None = None,
+               learner: str | None = None) -> Engine:
         draft_length = adaptive_draft_length(target, num_speculative_tokens) if adaptive else None
         arms = build_selector(selector, [d.name for d in drafters]) if selector else None
-        return Engine(target.new_lm(), drafters, eos, window, draft_length, arms)
+        learners = [build_learner(learner, drafters[0], learning)] if learner else []
+        reads_hidden = bool(learners) or any(d.needs_hidden_states for d in drafters)
+        return Engine(target.new_lm(hidden_states=reads_hidden), drafters, eos, window, draft_length, arms, learners)
 
     def small_lm() -> list[Drafter]:
         return [SmallLMDrafter(draft_model.new_lm(), draft_model.name)] if draft_model else []
@@ -159,6 +169,14 @@ def build_methods(
             builders[name] = lambda name=name, selector=selector: EvospecMethod(
                 name, engine([*small_lm(), NgramDrafter(), SuffixDrafter()], selector=selector)
             )
+    if white_box is not None:
+        kind = checkpoint_kind(white_box)
+        for learner in (None, *LEARNERS):
+            for suffix in ("", ADAPTIVE):
+                name = f"evospec:{kind}{'+' + learner if learner else ''}{suffix}"
+                builders[name] = lambda name=name, learner=learner, adaptive=bool(suffix): EvospecMethod(
+                    name, engine([new_white_box_drafter(kind, target, white_box)], adaptive, learner=learner)
+                )
     if target.backend == "hf":
         builders["hf-plain"] = lambda: HFGenerateMethod("hf-plain", target)
     else:
@@ -185,17 +203,23 @@ def check_method_names(names: list[str], known: list[str]) -> None:
         raise EvospecError(f"unknown bench method(s) {unknown}; known: {sorted(known)}")
 
 
-def method_names(draft_model_name: str, backend: str, suite: str = "engine") -> list[str]:
+def method_names(draft_model_name: str, backend: str, suite: str = "engine", white_box: Path | None = None) -> list[str]:
     """The methods of a benchmark suite on a backend, baselines first.
 
     engine: baselines, plain decoding and each drafter with fixed and adaptive k; selection: each
-    single drafter and every selector over all of them (MetaSD; the report adds the oracle).
+    single drafter and every selector over all of them (MetaSD; the report adds the oracle);
+    learning: plain decoding, the white-box checkpoint's drafter frozen, and with each learner.
     """
     singles = [f"evospec:{draft_model_name}", "evospec:ngram", "evospec:suffix"]
+    if suite == "learning":
+        if white_box is None:
+            raise EvospecError("the learning suite needs a white-box drafter checkpoint (--white-box DIR)")
+        kind = checkpoint_kind(white_box)
+        return ["evospec-plain", f"evospec:{kind}", *(f"evospec:{kind}+{learner}" for learner in LEARNERS)]
     if suite == "selection":
         return ["evospec-plain", *singles, *(f"select:{name}" for name in SELECTORS if name != "fixed")]
     if suite != "engine":
-        raise EvospecError(f"unknown bench suite {suite!r}; choose engine or selection")
+        raise EvospecError(f"unknown bench suite {suite!r}; choose engine, selection or learning")
     evospec = ["evospec-plain", *singles, *(f"{name}{ADAPTIVE}" for name in singles)]
     if backend == "hf":
         return ["hf-plain", f"hf-assisted:{draft_model_name}", *evospec]

@@ -28,7 +28,7 @@ def aggregate(runs: Sequence[SpecStats]) -> dict[str, Any]:
         "prefill_s": total.prefill_s,
         "draft_s": total.draft_s,
         "loop_overhead_us": total.loop_overhead_us,
-        "learn_s": 0.0,
+        "learn_s": total.learn_s,
     }
 
 
@@ -41,6 +41,9 @@ def summarize(runs: dict[str, list[tuple[str, SpecStats]]]) -> tuple[dict[str, A
         methods[name]["per_category"] = {
             category: aggregate([stats for c, stats in method_runs if c == category]) for category in categories
         }
+        methods[name]["per_block"] = [
+            {"block": category, **aggregate([stats for c, stats in method_runs if c == category])} for category in categories
+        ]
     _add_oracle(methods)
     plain = next((name for name in PLAIN_METHODS if name in methods), next(iter(methods)))
     for fields in methods.values():
@@ -49,6 +52,28 @@ def summarize(runs: dict[str, list[tuple[str, SpecStats]]]) -> tuple[dict[str, A
             plain_rate = methods[plain]["per_category"][category]["tokens_per_s"]
             category_fields["speedup_vs_plain"] = category_fields["tokens_per_s"] / plain_rate
     return methods, plain
+
+
+def plot_blocks(results: dict[str, Any], path: Path) -> None:
+    """tau per block of the stream, one line per method (how drafters follow a domain shift)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8, 4.5))
+    for name, fields in results["methods"].items():
+        if fields["rounds"]:
+            axis.plot([block["tau"] for block in fields["per_block"]], marker="o", label=name)
+    blocks = [block["block"] for block in next(iter(results["methods"].values()))["per_block"]]
+    axis.set_xticks(range(len(blocks)), blocks, rotation=30, ha="right")
+    axis.set_ylabel("tau (tokens per target pass)")
+    axis.set_title(f"{results['target']}: tau per block of the {results['stream']} stream")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 def single_drafters(names: Sequence[str]) -> list[str]:

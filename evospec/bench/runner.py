@@ -10,12 +10,13 @@ import torch
 from tqdm.auto import tqdm
 
 from evospec.bench.methods import build_methods, check_method_names, method_names
-from evospec.bench.report import plot_selection, single_drafters, summarize, write_report
+from evospec.bench.report import plot_blocks, plot_selection, single_drafters, summarize, write_report
 from evospec.bench.workloads import Prompt, spec_bench
 from evospec.config import DEFAULT_DTYPE, GenerationConfig
 from evospec.cost import COST_CONTEXT_TOKENS, model_forward_cost
 from evospec.errors import EvospecError
 from evospec.generation import encode_prompt
+from evospec.learning import LearnerConfig
 from evospec.models.llamacpp import default_threads
 from evospec.models.loading import default_backend, load_model
 from evospec.stats import SpecStats
@@ -29,13 +30,15 @@ class BenchSettings:
     draft_model: str
     methods: tuple[str, ...] | None  # None: every method of the suite
     suite: str  # "engine" or "selection" (bench/methods.py: method_names)
-    stream: str  # "mixed": the categories one block after another; "category:<name>": one category
+    stream: str  # "mixed" or "domain-shift": the categories one block after another; "category:<name>": one category
     per_category: int
     dtype: str | None  # hf backend only; None: DEFAULT_DTYPE
     backend: str | None  # None: default_backend(target)
     generation: GenerationConfig
     out_dir: Path
     command: str  # recorded with the results
+    white_box: Path | None = None  # an eagle or hydra checkpoint: evospec:<kind>[+<learner>] methods
+    learning: LearnerConfig = LearnerConfig()
 
 
 def run_bench(settings: BenchSettings) -> dict:
@@ -45,12 +48,16 @@ def run_bench(settings: BenchSettings) -> dict:
     prompts = _stream(settings.stream, settings.per_category)
     load_average = os.getloadavg()[0]
     backend = settings.backend or default_backend(settings.target)
-    suite = method_names(settings.draft_model, backend, settings.suite)
+    suite = method_names(settings.draft_model, backend, settings.suite, settings.white_box)
     names = list(settings.methods or suite)
-    check_method_names(names, method_names(settings.draft_model, backend, "engine") + suite)  # before loading GBs
+    known = method_names(settings.draft_model, backend, "engine") + suite
+    if settings.white_box is not None:
+        known += method_names(settings.draft_model, backend, "learning", settings.white_box)
+    check_method_names(names, known)  # before loading GBs
     target = load_model(settings.target, settings.dtype, backend)
     draft_model = load_model(settings.draft_model, settings.dtype, backend)
-    methods = build_methods(names, target, draft_model, settings.generation.num_speculative_tokens)
+    methods = build_methods(names, target, draft_model, settings.generation.num_speculative_tokens,
+                            settings.white_box, settings.learning)
     prompt_ids = [encode_prompt(target, prompt.text, chat=True) for prompt in prompts]
 
     warmup = replace(settings.generation, max_new_tokens=WARMUP_TOKENS)
@@ -88,6 +95,8 @@ def run_bench(settings: BenchSettings) -> dict:
     write_report(results, settings.out_dir)
     if any(name.startswith("select:") for name in runs) and single_drafters(list(runs)):
         plot_selection(runs, settings.out_dir / "selection.png")
+    if settings.stream != "mixed" and not settings.stream.startswith("category:"):
+        plot_blocks(results, settings.out_dir / "blocks.png")
     print((settings.out_dir / "results.md").read_text())
     return results
 
@@ -95,11 +104,11 @@ def run_bench(settings: BenchSettings) -> dict:
 def _stream(stream: str, per_category: int) -> list[Prompt]:
     """The prompts of a stream: Spec-Bench category after category ("mixed"), or one category."""
     prompts = spec_bench(per_category)
-    if stream == "mixed":
+    if stream in ("mixed", "domain-shift"):
         return prompts
     kind, _, category = stream.partition(":")
     chosen = [prompt for prompt in prompts if prompt.category == category]
     if kind != "category" or not chosen:
         categories = ", ".join(dict.fromkeys(prompt.category for prompt in prompts))
-        raise EvospecError(f"unknown stream {stream!r}; use mixed or category:NAME with NAME one of {categories}")
+        raise EvospecError(f"unknown stream {stream!r}; use mixed, domain-shift or category:NAME with NAME one of {categories}")
     return chosen

@@ -36,7 +36,7 @@ class WhiteBoxConfig:
     kind: str  # "eagle" or "hydra"
     hidden_size: int  # the target's
     head_vocab: int = 8192  # N: target tokens the drafter can propose (its output layer's rows)
-    intermediate_size: int = 2048  # eagle: MLP width of its decoder layer
+    intermediate_size: int = 1024  # eagle: MLP width of its decoder layer (a draft step must stay ~10% of the target's)
     num_heads: int = 4  # hydra: heads, so at most this many drafted tokens per round
 
 
@@ -114,7 +114,8 @@ class WhiteBoxDrafter:
         self.module = module  # the weights a learner updates
         self.tokens = tokens
         self.vocab = vocab
-        self.head = tokens.output_rows(vocab.ids)  # [N, H] frozen
+        # Frozen; bf16 halves the bytes the per-step matmul reads (the step's largest cost on a CPU).
+        self.head = tokens.output_rows(vocab.ids).to(torch.bfloat16)  # [N, H]
         self.version = 0  # learning steps applied since it was built
         self.features: dict[int, torch.Tensor] = {}  # context position -> the target's hidden state there
 
@@ -134,8 +135,8 @@ class WhiteBoxDrafter:
         return self.vocab.row_of
 
     def head_logits(self, features: torch.Tensor) -> torch.Tensor:
-        """Features [n, H] -> logits over the reduced vocabulary [n, N]."""
-        return features @ self.head.T
+        """Features [n, H] -> logits over the reduced vocabulary [n, N] float32."""
+        return (features.to(self.head.dtype) @ self.head.T).float()
 
     def pick(self, logits: torch.Tensor, sampler: Sampler) -> tuple[int, torch.Tensor | None]:
         """One drafted target id from reduced logits [N], and q over the full vocabulary [V] when sampling."""
@@ -165,6 +166,14 @@ class WhiteBoxDrafter:
         }
         (directory / "drafter.json.tmp").write_text(json.dumps(meta, indent=2) + "\n")
         (directory / "drafter.json.tmp").replace(directory / "drafter.json")
+
+
+def checkpoint_kind(directory: Path) -> str:
+    """The kind of drafter (eagle or hydra) a checkpoint directory holds, without loading it."""
+    try:
+        return json.loads((directory / "drafter.json").read_text())["config"]["kind"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise EvospecError(f"{directory}: not a readable drafter checkpoint ({error})") from error
 
 
 def read_checkpoint(directory: Path, kind: str, target: LoadedModel) -> tuple[WhiteBoxConfig, dict, ReducedVocab, dict]:

@@ -201,6 +201,31 @@ class OnlineLearner:
     def reset_optimizer(self) -> None:
         """Forget optimizer state (after a rollback)."""
 
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """The drafter's weights and the optimizer's tensors, to outlive the process."""
+        weights = {f"drafter.{key}": value for key, value in self.drafter.module.state_dict().items()}
+        return {**weights, **{f"optimizer.{key}": value for key, value in self._optimizer_tensors().items()}}
+
+    def state_meta(self) -> dict:
+        return {"learner": self.name, "drafter": self.drafter.name, "drafter_version": self.drafter.version,
+                **self.stats.to_dict()}
+
+    def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        """Go on from state_tensors() and state_meta() of the same learner and drafter."""
+        if (meta.get("learner"), meta.get("drafter")) != (self.name, self.drafter.name):
+            raise EvospecError(f"saved state is of learner {meta.get('learner')!r} on {meta.get('drafter')!r}, "
+                               f"not {self.name!r} on {self.drafter.name!r}")
+        self.drafter.module.load_state_dict({k.removeprefix("drafter."): v for k, v in tensors.items() if k.startswith("drafter.")})
+        self._load_optimizer_tensors({k.removeprefix("optimizer."): v for k, v in tensors.items() if k.startswith("optimizer.")})
+        self.drafter.version = int(meta["drafter_version"])
+        self.stats.steps = int(meta.get("steps", 0))
+
+    def _optimizer_tensors(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def _load_optimizer_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore what _optimizer_tensors() returned."""
+
     def nbytes(self) -> dict[str, int]:
         """Memory held: feedback buffer, optimizer state (and copies), the guard's good weights."""
         return {"buffer": self.buffer.nbytes(), "optimizer": self._optimizer_nbytes(), "guard": self.guard.nbytes()}
@@ -275,6 +300,12 @@ class OptimisticLearner(OnlineLearner):
     def reset_optimizer(self) -> None:
         self._previous = None
 
+    def _optimizer_tensors(self) -> dict[str, torch.Tensor]:
+        return {str(i): t for i, t in enumerate(self._previous or [])}
+
+    def _load_optimizer_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        self._previous = [tensors[str(i)] for i in range(len(tensors))] or None
+
     def _optimizer_nbytes(self) -> int:
         return sum(t.nbytes for t in self._previous) if self._previous else 0
 
@@ -327,6 +358,15 @@ class EnsembleLearner(OnlineLearner):
         for module in self.copies:  # every copy restarts from the restored weights
             module.load_state_dict(self.drafter.module.state_dict())
         self.discounted_losses.zero_()
+
+    def _optimizer_tensors(self) -> dict[str, torch.Tensor]:
+        copies = {f"copy{i}.{key}": value for i, module in enumerate(self.copies) for key, value in module.state_dict().items()}
+        return {**copies, "discounted_losses": self.discounted_losses}
+
+    def _load_optimizer_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        for i, module in enumerate(self.copies):
+            module.load_state_dict({k.removeprefix(f"copy{i}."): v for k, v in tensors.items() if k.startswith(f"copy{i}.")})
+        self.discounted_losses = tensors["discounted_losses"].clone()
 
     def _optimizer_nbytes(self) -> int:
         return sum(p.nbytes for module in self.copies for p in module.parameters())

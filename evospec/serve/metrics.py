@@ -32,6 +32,7 @@ class Metrics:
                                       ("drafter",))
         self.drafter_version = Gauge("evospec:drafter_version", "Learning updates applied to the drafters.",
                                      registry=self.registry)
+        self.learn_seconds = counter("evospec:learn_seconds", "Seconds spent learning (and telling learners what the target said).")
         self.state_sequence = Gauge("evospec:state_sequence", "Number of the state last saved or loaded (0: none).",
                                     registry=self.registry)
 
@@ -40,6 +41,7 @@ class Metrics:
         self.requests.labels(finished_reason).inc()
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.generation_tokens.inc(stats.new_tokens)
+        self.learn_seconds.inc(stats.learn_s)
         for name, arm in stats.drafters.items():
             self.num_drafts.labels(name).inc(arm.num_drafts)
             self.num_draft_tokens.labels(name).inc(arm.num_draft_tokens)

@@ -91,6 +91,8 @@ class Worker:
         while (job := self._jobs.get()) is not None:
             if self._serve(served.generator, job):
                 unsaved += 1
+                drafter_version = _drafter_version(served) or drafter_version
+                self._metrics.drafter_version.set(drafter_version)
             if store and unsaved >= self._config.save_every:
                 self._save(store, components, drafter_version)
                 unsaved = 0
@@ -147,6 +149,11 @@ class Worker:
             return
         self._metrics.state_sequence.set(saved.sequence)
         log.info("saved state %d to %s", saved.sequence, store.directory)
+
+
+def _drafter_version(served: Served) -> int:
+    """Learning steps applied to the served drafters (0 without learners)."""
+    return sum(learner.drafter.version for learner in served.generator.engine.learners)
 
 
 def _stateful_components(served: Served) -> dict[str, Stateful]:
