@@ -199,6 +199,22 @@ def cmd_bench(args: argparse.Namespace) -> None:
     run_bench(settings)
 
 
+def cmd_train_drafter(args: argparse.Namespace) -> None:
+    from evospec.config import DistillConfig
+    from evospec.learning.distill import check_run, distill
+    from evospec.models.loading import load_model
+
+    config = DistillConfig(
+        data=args.data, samples=args.samples, max_new_tokens=args.max_new_tokens, epochs=args.epochs, lr=args.lr,
+        batch_rows=args.batch_rows, head_vocab=args.head_vocab, save_every=args.save_every, max_steps=args.max_steps,
+        resume=args.resume, start_from=args.start_from, seed=args.seed,
+    )
+    out = Path(args.out).expanduser()
+    check_run(args.kind, out, config)  # the corpus and the output directory, before loading the target
+    target = load_model(args.target, args.dtype, args.backend)
+    print(distill(target, args.kind, out, config).describe())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="evospec", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -260,6 +276,33 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="benchmarks/latest", help="directory for results.json, results.md, plot")
     _add_generation_options(bench)
     bench.set_defaults(handler=cmd_bench)
+
+    from evospec.config import DistillConfig  # here, not at the top: only this command's options need it
+
+    warm = DistillConfig()
+    train = commands.add_parser("train-drafter", help="warm up an eagle or hydra drafter offline, distilled from the target")
+    train.add_argument("--target", required=True, help="zoo alias, local directory, .gguf file or HF id")
+    train.add_argument("--kind", required=True, help="eagle | hydra")
+    train.add_argument("--out", required=True, help="directory for the checkpoint, the optimizer state and the cached traces")
+    train.add_argument("--data", default=warm.data,
+                       help="gsm8k (GSM8K train questions, shipped), a .jsonl file (field question, prompt or text) "
+                            "or a .txt file (one prompt a line)")
+    train.add_argument("--samples", type=int, default=warm.samples,
+                       help=f"prompts the target answers; the last {warm.holdout * 100:.0f}%% are held out to measure agreement")
+    train.add_argument("--max-new-tokens", type=int, default=warm.max_new_tokens, help="longest answer per prompt")
+    train.add_argument("--epochs", type=int, default=warm.epochs)
+    train.add_argument("--lr", type=float, default=warm.lr, help="Adam's learning rate")
+    train.add_argument("--batch-rows", type=int, default=warm.batch_rows, help="trace rows per step")
+    train.add_argument("--head-vocab", type=int, default=warm.head_vocab,
+                       help="tokens the drafter can propose, the target's most frequent (default: the drafter's own)")
+    train.add_argument("--save-every", type=int, default=warm.save_every, help="steps between checkpoints")
+    train.add_argument("--max-steps", type=int, default=warm.max_steps, help="stop after this many steps in all")
+    train.add_argument("--seed", type=int, default=warm.seed)
+    train.add_argument("--resume", action="store_true", help="go on from the checkpoint and traces in --out")
+    train.add_argument("--from", dest="start_from", metavar="CHECKPOINT", help="start from a saved drafter's weights")
+    train.add_argument("--backend", choices=BACKENDS, help="default: llamacpp for GGUF files and zoo aliases on a CPU, hf otherwise")
+    train.add_argument("--dtype", choices=DTYPES, help=f"hf backend only (default {DEFAULT_DTYPE})")
+    train.set_defaults(handler=cmd_train_drafter)
     return parser
 
 

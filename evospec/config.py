@@ -66,3 +66,43 @@ class NgramConfig:
     def __post_init__(self) -> None:
         if not (1 <= self.min_ngram <= self.max_ngram):
             raise EvospecError(f"n-gram sizes need 1 <= min <= max, got {self.min_ngram}..{self.max_ngram}")
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """Offline warm-up of a white-box drafter by distillation from the target (`evospec train-drafter`)."""
+
+    data: str = "gsm8k"  # a shipped corpus (GSM8K train questions) or a .jsonl / .txt file of prompts
+    samples: int = 256  # prompts the target answers; the last `holdout` share of them is kept out of training
+    max_new_tokens: int = 256  # longest greedy answer of the target per prompt
+    epochs: int = 3  # passes over the training traces
+    lr: float = 1e-3  # Adam's step size
+    batch_rows: int = 512  # trace rows per step; longer traces are cut into windows of this many
+    head_vocab: int | None = None  # tokens the drafter can propose; None: the white-box drafters' default
+    save_every: int = 50  # steps between checkpoints (one more at the end)
+    max_steps: int | None = None  # stop after this many steps in all (--resume goes on); None: every epoch
+    resume: bool = False  # go on from the run saved in the output directory
+    start_from: str | None = None  # a saved drafter whose weights a new run starts from; None: random weights
+    holdout: float = 0.1  # share of the samples (the last ones) kept out to measure top-1 agreement
+    seed: int = 0  # the drafter's initial weights and each epoch's order
+    grad_clip: float = 1.0  # gradient norm cap per step
+    forward_rows: int = 256  # tokens per target pass when collecting (llama.cpp's batch holds 512)
+
+    def __post_init__(self) -> None:
+        for name in ("samples", "max_new_tokens", "epochs", "save_every", "forward_rows"):
+            if getattr(self, name) < 1:
+                raise EvospecError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.batch_rows < 2:
+            raise EvospecError(f"batch-rows must be >= 2, got {self.batch_rows}")
+        if self.head_vocab is not None and self.head_vocab < 1:
+            raise EvospecError(f"head-vocab must be >= 1, got {self.head_vocab}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise EvospecError(f"max-steps must be >= 1, got {self.max_steps}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise EvospecError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.holdout < 1:
+            raise EvospecError(f"the held-out share must be in [0, 1), got {self.holdout}")
+        if not self.grad_clip > 0:
+            raise EvospecError(f"grad-clip must be > 0, got {self.grad_clip}")
+        if self.start_from is not None and self.head_vocab is not None:
+            raise EvospecError("--head-vocab sizes a new drafter; --from keeps its checkpoint's vocabulary")

@@ -114,8 +114,7 @@ class WhiteBoxDrafter:
         self.module = module  # the weights a learner updates
         self.tokens = tokens
         self.vocab = vocab
-        # Frozen; bf16 halves the bytes the per-step matmul reads (the step's largest cost on a CPU).
-        self.head = tokens.output_rows(vocab.ids).to(torch.bfloat16)  # [N, H]
+        self.head = tokens.output_rows(vocab.ids)  # [N, H] frozen; fp32: bf16 backward is 40x slower without AVX512-BF16
         self.version = 0  # learning steps applied since it was built
         self.features: dict[int, torch.Tensor] = {}  # context position -> the target's hidden state there
 
@@ -135,8 +134,8 @@ class WhiteBoxDrafter:
         return self.vocab.row_of
 
     def head_logits(self, features: torch.Tensor) -> torch.Tensor:
-        """Features [n, H] -> logits over the reduced vocabulary [n, N] float32."""
-        return (features.to(self.head.dtype) @ self.head.T).float()
+        """Features [n, H] -> logits over the reduced vocabulary [n, N]."""
+        return features @ self.head.T
 
     def pick(self, logits: torch.Tensor, sampler: Sampler) -> tuple[int, torch.Tensor | None]:
         """One drafted target id from reduced logits [N], and q over the full vocabulary [V] when sampling."""

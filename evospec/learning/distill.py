@@ -169,27 +169,8 @@ def distill(target: LoadedModel, kind: str, out: Path, config: DistillConfig, pr
         drafter = new_white_box_drafter(kind, target, start)
         drafter.version = int(json.loads((start / "drafter.json").read_text()).get("drafter_version", 0))
     # 2. The target answers each prompt; one pass over prompt + answer says what it thinks at every position.
-    out.mkdir(parents=True, exist_ok=True)
-    samples, collected, reused = [], 0, 0
-    cache = _TraceCache(out / "traces", target.name, config.max_new_tokens)
-    engine = Engine(target.new_lm(), [], eos_token_ids(target), context_length(target))
-    lm = target.new_lm(hidden_states=True)
-    chat = bool(target.tokenizer.chat_template)
-    for index, prompt in enumerate(tqdm(prompts, desc="collect", unit="sample", disable=not progress)):
-        prompt_ids = encode_prompt(target, prompt, chat)
-        if len(prompt_ids) >= context_length(target):
-            continue
-        sample = cache.load(index, prompt_ids)
-        if sample is None:
-            answer = list(engine.generate(prompt_ids, GenerationConfig(max_new_tokens=config.max_new_tokens), SpecStats()))
-            sample = _target_pass(lm, prompt_ids + answer, len(prompt_ids), config.forward_rows)
-            cache.save(index, prompt_ids, sample)
-            collected += 1
-        else:
-            reused += 1
-        samples.append(sample)
-    if not samples:
-        raise EvospecError(f"no prompt of {config.data} fits the target's context of {context_length(target)} tokens")
+    collection = collect(target, prompts, out / "traces", config, progress)
+    samples = collection.samples
     held_out = min(math.ceil(len(samples) * config.holdout), len(samples) - 1)
     train, test = samples[: len(samples) - held_out], samples[len(samples) - held_out :]
     # 3. A new drafter proposes the tokens the target used most (end-of-generation ones always).
@@ -224,17 +205,52 @@ def distill(target: LoadedModel, kind: str, out: Path, config: DistillConfig, pr
         if step % config.save_every == 0 or step == len(plan):
             _save(drafter, optimizer, out, {**run_meta, "epoch": epoch + 1, "step": step, "loss": loss})
     bar.close()
-    if not (out / "drafter.json").exists():  # nothing left to train: still leave a checkpoint
-        _save(drafter, optimizer, out, {**run_meta, "epoch": 0, "step": step, "loss": loss})
     # 5. How often the drafter's first choice is the target's on the held-out samples.
     after = _evaluate(drafter, test_traces)
     return DistillResult(
-        out=out, kind=kind, samples=len(samples), held_out=held_out, collected=collected, reused=reused,
-        skipped=len(prompts) - len(samples), train_rows=sum(end - start - 1 for _, start, end in windows),
+        out=out, kind=kind, samples=len(samples), held_out=held_out, collected=collection.collected,
+        reused=collection.reused, skipped=collection.skipped, train_rows=sum(end - start - 1 for _, start, end in windows),
         held_out_rows=sum(trace.length - 1 for trace in test_traces), steps=step, final_loss=loss,
         held_out_loss=(before[0], after[0]) if test_traces else None,
         agreement=(before[1], after[1]) if test_traces else None,
     )
+
+
+@dataclass(frozen=True)
+class Collection:
+    """The samples of a corpus's prompts, in order, and where they came from."""
+
+    samples: list[Sample]
+    collected: int  # answered by the target now
+    reused: int  # read back from the cache
+    skipped: int  # prompts that do not fit the target's context
+
+
+def collect(target: LoadedModel, prompts: list[str], directory: Path, config: DistillConfig,
+            progress: bool = True) -> Collection:
+    """The target's greedy answer to each prompt (chat template when it has one) and what it says at
+    every position of prompt + answer; cached in directory, one file per prompt, so none is answered twice."""
+    cache = _TraceCache(directory, target, config.max_new_tokens)
+    engine = Engine(target.new_lm(), [], eos_token_ids(target), context_length(target))
+    lm = target.new_lm(hidden_states=True)
+    chat = bool(target.tokenizer.chat_template)
+    samples, collected, reused = [], 0, 0
+    for index, prompt in enumerate(tqdm(prompts, desc="collect", unit="sample", disable=not progress)):
+        prompt_ids = encode_prompt(target, prompt, chat)
+        if len(prompt_ids) >= context_length(target):
+            continue
+        sample = cache.load(index, prompt_ids)
+        if sample is None:
+            answer = list(engine.generate(prompt_ids, GenerationConfig(max_new_tokens=config.max_new_tokens), SpecStats()))
+            sample = _target_pass(lm, prompt_ids + answer, len(prompt_ids), config.forward_rows)
+            cache.save(index, prompt_ids, sample)
+            collected += 1
+        else:
+            reused += 1
+        samples.append(sample)
+    if not samples:
+        raise EvospecError(f"no prompt of {config.data} fits the target's context of {context_length(target)} tokens")
+    return Collection(samples, collected, reused, len(prompts) - len(samples))
 
 
 def _resumed_drafter(kind: str, target: LoadedModel, out: Path, config: DistillConfig) -> tuple[WhiteBoxDrafter, dict]:
@@ -289,15 +305,16 @@ def _target_pass(lm, ids: list[int], prompt_length: int, rows_per_pass: int) -> 
 
 
 class _TraceCache:
-    """Collected samples on disk, one safetensors file each, keyed by target, answer length and prompt ids."""
+    """Collected samples on disk, one safetensors file each, keyed by target (and backend: their hidden
+    states differ), answer length and prompt ids."""
 
-    def __init__(self, directory: Path, target_name: str, max_new_tokens: int) -> None:
+    def __init__(self, directory: Path, target: LoadedModel, max_new_tokens: int) -> None:
         self.directory = directory
-        self.target_name = target_name
+        self.target = (target.name, target.backend)
         self.max_new_tokens = max_new_tokens
 
     def _key(self, prompt_ids: list[int]) -> str:
-        text = json.dumps([TRACE_FORMAT, self.target_name, self.max_new_tokens, prompt_ids])
+        text = json.dumps([TRACE_FORMAT, *self.target, self.max_new_tokens, prompt_ids])
         return hashlib.sha256(text.encode()).hexdigest()
 
     def _path(self, index: int) -> Path:
@@ -310,7 +327,7 @@ class _TraceCache:
             return None
         try:
             with safe_open(path, "pt") as file:
-                if file.metadata().get("key") != self._key(prompt_ids):
+                if (file.metadata() or {}).get("key") != self._key(prompt_ids):
                     return None
                 tensors = {name: file.get_tensor(name) for name in file.keys()}
         except (SafetensorError, OSError):
