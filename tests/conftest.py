@@ -32,6 +32,28 @@ def tiny_target() -> LlamaForCausalLM:
 
 
 @pytest.fixture(scope="session")
+def sharp_target():
+    """The tiny random target with a sharpened output layer, behind a word tokenizer: its next-token
+    distributions are peaked, as a trained model's are, so there is something for a drafter to learn."""
+    from evospec.models.loading import LoadedModel
+
+    model = tiny_model(seed=0)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    tokenizer = word_tokenizer(["<unk>", "<eos>", *(f"w{i}" for i in range(TINY_VOCAB - 2))])
+    return LoadedModel("tiny-sharp", model, tokenizer, "tiny-sharp", backend="hf")
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """evospec's main() on argv -> (exit status, stdout, stderr)."""
+    from evospec.cli import main
+
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+@pytest.fixture(scope="session")
 def tiny_drafter(tiny_target) -> LlamaForCausalLM:
     """Close to the target, so it is right often but not always."""
     return tiny_model(seed=1, noise=0.3, base=tiny_target)

@@ -8,15 +8,9 @@ import sys
 
 import pytest
 
-from evospec.cli import main
+from conftest import run_cli
 
 SMOL = "smollm2-135m-instruct"
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    status = main(list(argv))
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
 
 
 @pytest.mark.parametrize(
@@ -40,6 +34,9 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
         (["serve", "--target", SMOL, "--max-new-tokens", "5000"], "exceeds max-tokens-limit"),
         (["serve", "--target", SMOL, "--save-every", "0"], "save-every"),
         (["serve", "--target", SMOL, "--selector", "ucb-bd"], "--selector picks among several"),
+        (["generate", "hi", "--target", SMOL, "--drafter", "eagle", "--learner", "ogd", "--lr", "-1"], "learning rate"),
+        (["generate", "hi", "--target", SMOL, "--learn-every", "0"], "learn-every"),
+        (["bench", "--suite", "learning"], "needs a white-box drafter checkpoint"),
     ],
 )
 def test_bad_settings_fail_before_loading_anything(capsys, argv, message):
@@ -60,6 +57,8 @@ def test_bad_settings_fail_before_loading_anything(capsys, argv, message):
         (["generate", "hi", "--target", SMOL, "--drafter", "ngram", "--drafter", "suffix", "--selector", "nope"],
          "unknown selector"),
         (["generate", "hi", "--target", SMOL, "--drafter", "ngram", "--drafter", "ngram"], "must differ"),
+        (["generate", "hi", "--target", SMOL, "--drafter", "ngram", "--learner", "ogd"], "trains eagle or hydra"),
+        (["generate", "hi", "--target", SMOL, "--drafter", "eagle:/no/such/dir"], "not a drafter checkpoint"),
     ],
 )
 def test_bad_input_with_a_real_model(capsys, argv, message):
@@ -81,8 +80,11 @@ def test_generate_json_plain_and_speculative_agree(capsys, backend):
     plain = json.loads(out)
     status_ngram, out, _ = run_cli(capsys, *common, "--drafter", "ngram", "--k", "3")
     ngram = json.loads(out)
-    assert status == status_ngram == 0
+    status_eagle, out, _ = run_cli(capsys, *common, "--drafter", "eagle", "--learner", "ensemble", "--learn-every", "2")
+    eagle = json.loads(out)  # a white-box drafter on the target's hidden states, learning while it drafts
+    assert status == status_ngram == status_eagle == 0
     assert ngram["token_ids"] == plain["token_ids"] and ngram["text"] == plain["text"]
+    assert eagle["token_ids"] == plain["token_ids"] and eagle["stats"]["learn_s"] > 0
     assert plain["stats"]["tau"] == 1.0 and ngram["stats"]["num_drafts"] > 0
 
 

@@ -12,8 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import TINY_VOCAB, tiny_model, word_tokenizer
-from evospec.cli import main
+from conftest import TINY_VOCAB, run_cli
 from evospec.config import DistillConfig, GenerationConfig
 from evospec.drafters.registry import WHITE_BOX_KINDS, new_white_box_drafter
 from evospec.engine import Engine
@@ -24,16 +23,6 @@ from evospec.stats import SpecStats
 from evospec.target import CachedLM
 
 SAMPLES = 40  # a quarter held out
-
-
-@pytest.fixture(scope="module")
-def sharp_target() -> LoadedModel:
-    """The tiny random target with peaked next-token distributions (as in test_learning)."""
-    model = tiny_model(seed=0)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    tokenizer = word_tokenizer(["<unk>", "<eos>", *(f"w{i}" for i in range(TINY_VOCAB - 2))])
-    return LoadedModel("tiny-sharp", model, tokenizer, "tiny-sharp", backend="hf")
 
 
 @pytest.fixture(scope="module")
@@ -142,12 +131,6 @@ def test_corpora(tmp_path):
     assert read_corpus(str(tmp_path / "rows.jsonl")) == ["q?", "p", "t"]
     (tmp_path / "lines.txt").write_text("first prompt\n\n  second  \n")
     assert read_corpus(str(tmp_path / "lines.txt")) == ["first prompt", "second"]
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    status = main(list(argv))
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TINY_VOCAB, random_prompts, reference_greedy, tiny_model, word_tokenizer
+from conftest import TINY_VOCAB, random_prompts, reference_greedy
 from evospec.config import GenerationConfig
 from evospec.drafters.registry import WHITE_BOX_KINDS, new_white_box_drafter
 from evospec.drafters.whitebox import WhiteBoxConfig
@@ -18,17 +18,6 @@ from evospec.target import CachedLM
 from evospec.types import RoundFeedback
 
 HIDDEN = 64  # tiny_model's
-
-
-@pytest.fixture(scope="module")
-def sharp_target() -> LoadedModel:
-    """The tiny random target with a sharpened output layer: its next-token distributions are peaked,
-    as a trained model's are, so there is something for a drafter to learn."""
-    model = tiny_model(seed=0)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    tokenizer = word_tokenizer(["<unk>", "<eos>", *(f"w{i}" for i in range(TINY_VOCAB - 2))])
-    return LoadedModel("tiny-sharp", model, tokenizer, "tiny-sharp", backend="hf")
 
 
 def white_box(kind: str, target: LoadedModel, seed: int = 0):

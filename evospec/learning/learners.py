@@ -266,12 +266,16 @@ class OGDLearner(OnlineLearner):
         if grads is None:
             return None
         with torch.no_grad():
-            for param, grad in zip(_trainable(self.drafter.module), grads):
-                param.sub_(self.config.lr * grad)
+            for param, step in zip(_trainable(self.drafter.module), self.direction(grads)):
+                param.sub_(self.config.lr * step)
         return loss.item()
 
+    def direction(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """What the step subtracts, in units of lr: the gradient itself."""
+        return grads
 
-class OptimisticLearner(OnlineLearner):
+
+class OptimisticLearner(OGDLearner):
     """Optimistic OGD: the previous gradient hints the next, w <- w - lr * (2 g_t - g_{t-1}); or, in its
     momentum form, SGD with momentum kept across steps."""
 
@@ -281,21 +285,14 @@ class OptimisticLearner(OnlineLearner):
         super().__init__(drafter, config)
         self._previous: list[torch.Tensor] | None = None  # g_{t-1}, or the momentum buffer
 
-    def update(self, loss_of):
-        loss = loss_of(self.drafter.module)
-        grads = _gradients(self.drafter.module, loss, self.config.grad_clip)
-        if grads is None:
-            return None
-        with torch.no_grad():
-            if self.config.optimistic_form == "hint":
-                steps = grads if self._previous is None else [2 * g - h for g, h in zip(grads, self._previous)]
-                self._previous = grads
-            else:
-                previous = self._previous or [torch.zeros_like(g) for g in grads]
-                steps = self._previous = [self.config.momentum * h + g for g, h in zip(grads, previous)]
-            for param, step in zip(_trainable(self.drafter.module), steps):
-                param.sub_(self.config.lr * step)
-        return loss.item()
+    def direction(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.config.optimistic_form == "hint":
+            steps = grads if self._previous is None else [2 * g - h for g, h in zip(grads, self._previous)]
+            self._previous = grads
+            return steps
+        previous = self._previous or [torch.zeros_like(g) for g in grads]
+        self._previous = [self.config.momentum * h + g for g, h in zip(grads, previous)]
+        return self._previous
 
     def reset_optimizer(self) -> None:
         self._previous = None
