@@ -53,6 +53,7 @@ class Engine:
         self.learners = list(learners)
         self.listeners = [*(d for d in drafters if d.needs_hidden_states), *self.learners]  # they get RoundFeedback
         self.requests = 0
+        self._hidden: torch.Tensor | None = None  # the last pass's hidden states [n, H], when listeners want them
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig, stats: SpecStats) -> Iterator[int]:
         """Yield new token ids until EOS (yielded too), max_new_tokens or the context is full.

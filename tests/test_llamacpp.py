@@ -91,6 +91,15 @@ def test_hidden_states_come_with_the_same_logits(smollm):
     same_logits, hidden = white_box.forward_with_hidden(ids[-4:])
     assert torch.equal(same_logits, logits)
     assert hidden.shape == (4, smollm.model.hidden_size) and hidden.abs().sum() > 0
+    # A prefill that asks for the last row only: a context with hidden states on outputs every row
+    # of the call, and the last one must still be the one returned.
+    plain.reset()
+    white_box.reset()
+    last = plain.forward(ids, num_logits=1).clone()
+    same_last, last_hidden = white_box.forward_with_hidden(ids, num_logits=1)
+    assert torch.allclose(same_last, last, atol=1e-4) and last_hidden.shape == (1, smollm.model.hidden_size)
+    every_row, every_hidden = white_box.forward_with_hidden(ids[:3], num_logits=3)
+    assert every_row.shape[0] == every_hidden.shape[0] == 3
 
 
 def test_a_small_lm_drafter_on_llamacpp_is_lossless_with_early_stop(smollm, expected):

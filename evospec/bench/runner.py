@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from evospec.bench.methods import build_methods, check_method_names, method_names
+from evospec.bench.methods import EvospecMethod, build_methods, check_method_names, method_names
 from evospec.bench.report import plot_blocks, plot_selection, single_drafters, summarize, write_report
 from evospec.bench.workloads import Prompt, spec_bench
 from evospec.config import DEFAULT_DTYPE, GenerationConfig
@@ -87,6 +87,10 @@ def run_bench(settings: BenchSettings) -> dict:
         "plain_method": plain,
         "methods": methods_summary,
     }
+    learners = {method.name: [learner.report() for learner in method.engine.learners]
+                for method in methods if isinstance(method, EvospecMethod) and method.engine.learners}
+    if learners:  # what each learner did over the stream, and the memory its state holds
+        results["learners"] = learners
     if backend == "llamacpp":  # llama-bench's decode figure, measured here with one-token llama_decode calls
         one_token = model_forward_cost(target, settings.generation.num_speculative_tokens + 1).of(1)
         results["llamacpp_decode_tokens_per_s"] = round(1 / one_token, 2)

@@ -16,15 +16,20 @@ HEAD_DIM = 128  # attention head width (the Qwen2.5 and Llama one); smaller targ
 
 
 class EagleModule(torch.nn.Module):
-    """fc([e(x_t), f_{t-1}]) -> one Llama decoder layer (its own KV cache, final norm) -> predicted f_t."""
+    """fc([e(x_t), f_{t-1}]) -> one Llama decoder layer (its own KV cache, final norm) -> up -> predicted f_t.
+
+    The layer runs at config.width, narrower than the target's features where that is smaller: a
+    draft step reads every weight once, and on a CPU those bytes are its cost.
+    """
 
     def __init__(self, config: WhiteBoxConfig, context_length: int) -> None:
         super().__init__()
-        hidden = config.hidden_size
-        heads = max(1, hidden // HEAD_DIM)
-        self.fc = torch.nn.Linear(2 * hidden, hidden)
+        width = min(config.width, config.hidden_size)
+        heads = max(1, width // HEAD_DIM)
+        self.fc = torch.nn.Linear(2 * config.hidden_size, width)
+        self.up = torch.nn.Linear(width, config.hidden_size)
         self.layer = LlamaModel(LlamaConfig(
-            vocab_size=1, hidden_size=hidden, intermediate_size=config.intermediate_size, num_hidden_layers=1,
+            vocab_size=1, hidden_size=width, intermediate_size=config.intermediate_size, num_hidden_layers=1,
             num_attention_heads=heads, num_key_value_heads=max(1, heads // 4) if heads % 4 == 0 else heads,
             max_position_embeddings=context_length, bos_token_id=None, eos_token_id=None, pad_token_id=None,
         ))
@@ -33,7 +38,7 @@ class EagleModule(torch.nn.Module):
     def forward(self, embeddings: torch.Tensor, features: torch.Tensor, cache: DynamicCache | None = None) -> torch.Tensor:
         """embeddings [n, H] of tokens x_t, features [n, H] f_{t-1} -> predicted features [n, H]."""
         inputs = self.fc(torch.cat([embeddings, features], dim=-1))
-        return self.layer(inputs_embeds=inputs[None], cache=cache, use_cache=cache is not None).last_hidden_state[0]
+        return self.up(self.layer(inputs_embeds=inputs[None], cache=cache, use_cache=cache is not None).last_hidden_state[0])
 
 
 class EagleDrafter(WhiteBoxDrafter):

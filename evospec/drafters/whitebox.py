@@ -35,8 +35,9 @@ class WhiteBoxConfig:
 
     kind: str  # "eagle" or "hydra"
     hidden_size: int  # the target's
-    head_vocab: int = 8192  # N: target tokens the drafter can propose (its output layer's rows)
-    intermediate_size: int = 1024  # eagle: MLP width of its decoder layer (a draft step must stay ~10% of the target's)
+    head_vocab: int = 6144  # N: target tokens the drafter can propose (its output layer's rows; each costs a draft step)
+    width: int = 512  # eagle: width of its decoder layer (at most the target's; a draft step must stay ~10% of a target step)
+    intermediate_size: int = 1024  # eagle: MLP width of its decoder layer
     num_heads: int = 4  # hydra: heads, so at most this many drafted tokens per round
 
 
@@ -135,7 +136,7 @@ class WhiteBoxDrafter:
 
     def head_logits(self, features: torch.Tensor) -> torch.Tensor:
         """Features [n, H] -> logits over the reduced vocabulary [n, N]."""
-        return features @ self.head.T
+        return torch.nn.functional.linear(features, self.head)
 
     def pick(self, logits: torch.Tensor, sampler: Sampler) -> tuple[int, torch.Tensor | None]:
         """One drafted target id from reduced logits [N], and q over the full vocabulary [V] when sampling."""

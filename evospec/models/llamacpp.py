@@ -111,6 +111,7 @@ class LlamaCppLM:
         self._batch = lib.llama_batch_init(model.config.batch_size, 0, 1)
         self._hidden_states = hidden_states
         self.length = 0
+        self._last_call_tokens = 0  # tokens in the last llama_decode call (its outputs are found by batch index)
 
     def reset(self) -> None:
         """Forget every cached token."""
@@ -153,12 +154,20 @@ class LlamaCppLM:
         return torch.cat(logits), torch.cat(states) if hidden else None
 
     def _outputs(self, rows: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The last call's output logits [rows, V] and, if asked, hidden states [rows, H], viewed in place."""
-        logits = self._lib.llama_get_logits(self.handle)
+        """The last call's outputs at its last `rows` tokens: logits [rows, V] and, if asked, hidden
+        states [rows, H], viewed in place.
+
+        Rows are found by batch index: a context with embeddings on may output every token of a
+        call, whatever the batch asked, so "the first output row" need not be the first asked for.
+        """
+        first = self._last_call_tokens - rows
+        if first < 0:
+            raise EvospecError(f"asked for the outputs of {rows} tokens; one llama_decode call holds {self._last_call_tokens}")
+        logits = self._lib.llama_get_logits_ith(self.handle, first)
         logits = torch.from_numpy(np.ctypeslib.as_array(logits, shape=(rows, self.model.vocab_size)))
         if not hidden:
             return logits, None
-        states = self._lib.llama_get_embeddings(self.handle)
+        states = self._lib.llama_get_embeddings_ith(self.handle, first)
         return logits, torch.from_numpy(np.ctypeslib.as_array(states, shape=(rows, self.model.hidden_size)))
 
     def trim(self, length: int) -> None:
@@ -183,6 +192,7 @@ class LlamaCppLM:
             if status != 0:
                 raise EvospecError(f"llama_decode failed with status {status} at position {self.length}")
             self.length += len(chunk)
+            self._last_call_tokens = len(chunk)
 
     def __del__(self) -> None:
         if getattr(self, "handle", None):
