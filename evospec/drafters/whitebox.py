@@ -155,10 +155,8 @@ class WhiteBoxDrafter:
     def save(self, directory: Path, target_name: str, extra: dict | None = None) -> None:
         """Write model.safetensors (weights and vocabulary map) and drafter.json (what it drafts for)."""
         directory.mkdir(parents=True, exist_ok=True)
-        tensors = {f"module.{key}": value.detach().contiguous() for key, value in self.module.state_dict().items()}
-        tensors["vocab_ids"] = self.vocab.ids
-        save_file(tensors, directory / "model.safetensors.tmp")
-        (directory / "model.safetensors.tmp").replace(directory / "model.safetensors")
+        tensors = {f"module.{key}": value.detach() for key, value in self.module.state_dict().items()}
+        save_tensors_atomically({**tensors, "vocab_ids": self.vocab.ids}, directory / "model.safetensors")
         meta = {
             "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "target": target_name,
             "target_vocab_size": self.tokens.vocab_size, "config": asdict(self.config),
@@ -166,6 +164,13 @@ class WhiteBoxDrafter:
         }
         (directory / "drafter.json.tmp").write_text(json.dumps(meta, indent=2) + "\n")
         (directory / "drafter.json.tmp").replace(directory / "drafter.json")
+
+
+def save_tensors_atomically(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """Write a safetensors file beside path, then rename it over path: a reader never sees half a file."""
+    temporary = path.with_name(path.name + ".tmp")
+    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, temporary, metadata=metadata)
+    temporary.replace(path)
 
 
 def checkpoint_kind(directory: Path) -> str:

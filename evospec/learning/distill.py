@@ -22,19 +22,18 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, safe_open, save_file
+from safetensors.torch import load_file, safe_open
 from tqdm.auto import tqdm
 
 from evospec.config import DistillConfig, GenerationConfig
 from evospec.drafters.registry import WHITE_BOX_KINDS, new_white_box_drafter
-from evospec.drafters.whitebox import ReducedVocab, WhiteBoxConfig, WhiteBoxDrafter
+from evospec.drafters.whitebox import ReducedVocab, WhiteBoxConfig, WhiteBoxDrafter, save_tensors_atomically
 from evospec.engine import FEEDBACK_TOP_K, Engine
 from evospec.errors import EvospecError
 from evospec.generation import encode_prompt
@@ -337,13 +336,7 @@ class _TraceCache:
     def save(self, index: int, prompt_ids: list[int], sample: Sample) -> None:
         tensors = {"tokens": sample.tokens, "hidden": sample.hidden, "top_ids": sample.top_ids, "top_probs": sample.top_probs}
         self.directory.mkdir(parents=True, exist_ok=True)
-        _atomic_save(tensors, self._path(index), {"key": self._key(prompt_ids), "prompt_length": str(len(prompt_ids))})
-
-
-def _atomic_save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, temporary, metadata=metadata)
-    os.replace(temporary, path)
+        save_tensors_atomically(tensors, self._path(index), {"key": self._key(prompt_ids), "prompt_length": str(len(prompt_ids))})
 
 
 def _windows(samples: list[Sample], size: int) -> list[tuple[int, int, int]]:
@@ -409,7 +402,7 @@ def _save(drafter: WhiteBoxDrafter, optimizer: torch.optim.Adam, out: Path, run:
             else:
                 tensors[f"{key}.{names[index]}"] = value
     meta = {"format": OPTIMIZER_FORMAT, "step": str(run["step"]), "param_steps": json.dumps(steps)}
-    _atomic_save(tensors, out / "optimizer.safetensors", meta)
+    save_tensors_atomically(tensors, out / "optimizer.safetensors", meta)
     drafter.save(out, run["target"], extra={"distill": run})
 
 
