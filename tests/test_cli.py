@@ -36,6 +36,7 @@ SMOL = "smollm2-135m-instruct"
         (["serve", "--target", SMOL, "--selector", "ucb-bd"], "--selector picks among several"),
         (["generate", "hi", "--target", SMOL, "--drafter", "eagle", "--learner", "ogd", "--lr", "-1"], "learning rate"),
         (["generate", "hi", "--target", SMOL, "--learn-every", "0"], "learn-every"),
+        (["generate", "hi", "--target", SMOL, "--buffer-rows", "1"], "buffer rows"),
         (["bench", "--suite", "learning"], "needs a white-box drafter checkpoint"),
     ],
 )
