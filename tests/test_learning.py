@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -142,6 +144,16 @@ def test_a_saved_drafter_loads_back_and_drafts_the_same(sharp_target, kind, tmp_
     with pytest.raises(EvospecError, match=f"holds a {kind} drafter"):
         new_white_box_drafter(other, sharp_target, tmp_path / kind)
     with pytest.raises(EvospecError, match="not a drafter checkpoint"):
+        new_white_box_drafter(kind, sharp_target, tmp_path)
+
+
+@pytest.mark.parametrize("kind", WHITE_BOX_KINDS)
+def test_weights_of_another_shape_than_the_metadata_are_a_clear_error(sharp_target, kind, tmp_path):
+    white_box(kind, sharp_target).save(tmp_path, sharp_target.name)
+    meta = json.loads((tmp_path / "drafter.json").read_text())
+    meta["config"]["intermediate_size" if kind == "eagle" else "num_heads"] += 1
+    (tmp_path / "drafter.json").write_text(json.dumps(meta))
+    with pytest.raises(EvospecError, match="do not fit the shape"):
         new_white_box_drafter(kind, sharp_target, tmp_path)
 
 

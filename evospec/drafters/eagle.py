@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 
-from evospec.drafters.whitebox import ReducedVocab, TargetTokens, WhiteBoxConfig, WhiteBoxDrafter
+from evospec.drafters.whitebox import ReducedVocab, TargetTokens, WhiteBoxConfig, WhiteBoxDrafter, load_weights
 from evospec.learning.buffer import Trace
 from evospec.learning.losses import TrainingOutputs
 from evospec.sampling import Sampler
@@ -50,7 +50,7 @@ class EagleDrafter(WhiteBoxDrafter):
                  context_length: int, state: dict | None = None) -> None:
         module = EagleModule(config, context_length)
         if state is not None:
-            module.load_state_dict(state, strict=False)  # the unused embedding table is not saved
+            load_weights(module, state, strict=False)  # the unused embedding table is not saved
         super().__init__(name, config, module, tokens, vocab)
         self.cache = self._new_cache()
         self.origin = 0  # context position of the first cache entry

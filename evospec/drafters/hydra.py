@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from evospec.drafters.whitebox import ReducedVocab, TargetTokens, WhiteBoxConfig, WhiteBoxDrafter
+from evospec.drafters.whitebox import ReducedVocab, TargetTokens, WhiteBoxConfig, WhiteBoxDrafter, load_weights
 from evospec.learning.buffer import Trace
 from evospec.learning.losses import TrainingOutputs
 from evospec.sampling import Sampler
@@ -34,7 +34,7 @@ class HydraDrafter(WhiteBoxDrafter):
                  state: dict | None = None) -> None:
         module = HydraModule(config)
         if state is not None:
-            module.load_state_dict(state)
+            load_weights(module, state)
         super().__init__(name, config, module, tokens, vocab)
 
     @torch.inference_mode()

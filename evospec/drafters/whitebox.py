@@ -173,6 +173,15 @@ def save_tensors_atomically(tensors: dict[str, torch.Tensor], path: Path, metada
     temporary.replace(path)
 
 
+def load_weights(module: torch.nn.Module, state: dict, strict: bool = True) -> None:
+    """Load a checkpoint's weights into module; weights of another shape than its config says are a clear error."""
+    try:
+        module.load_state_dict(state, strict=strict)
+    except RuntimeError as error:
+        first = str(error).strip().splitlines()[1:2] or [str(error)]
+        raise EvospecError(f"the checkpoint's weights do not fit the shape its drafter.json describes: {first[0].strip()}") from error
+
+
 def checkpoint_kind(directory: Path) -> str:
     """The kind of drafter (eagle or hydra) a checkpoint directory holds, without loading it."""
     try:

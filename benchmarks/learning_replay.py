@@ -1,0 +1,135 @@
+"""How well do the online learners learn, apart from the speed of this machine? A prequential replay.
+
+The target answers a Spec-Bench stream once (greedy); what it said at every position is cached (the
+traces of `evospec train-drafter`). Then each learner setting replays the stream: positions come in
+order, a few at a time; the drafter first predicts each position's next token from the target's features
+(teacher-forced: exactly what its first drafted token of a round sees), and then the learner receives
+the rows as serving feedback (RoundFeedback, one row per round) and steps on its own schedule.
+Agreement with the target's choice, measured before learning from it, is first-token acceptance under
+greedy decoding. Seconds of compute, no timing noise: a way to compare learner settings quickly.
+
+    python benchmarks/learning_replay.py --white-box CKPT --traces DIR --setting none --setting ogd \\
+        --setting ogd:every=8 --setting ensemble --out benchmarks/learning-replay-1.5b
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from evospec.bench.workloads import spec_bench
+from evospec.config import DistillConfig
+from evospec.drafters.registry import checkpoint_kind, new_white_box_drafter
+from evospec.learning import LearnerConfig, build_learner
+from evospec.learning.distill import Sample, collect
+from evospec.models.loading import load_model
+from evospec.types import RoundFeedback
+
+POSITIONS_PER_STEP = 8  # positions predicted with the same weights before their feedback arrives
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--white-box", required=True, type=Path, help="the warm-started drafter checkpoint")
+    parser.add_argument("--traces", required=True, type=Path, help="cache of the target's answers (made if missing)")
+    parser.add_argument("--per-category", type=int, default=5)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--setting", action="append", required=True,
+                        help="none, or LEARNER[:field=value,...] with LearnerConfig fields, e.g. ogd:lr=0.5,every=8")
+    parser.add_argument("--out", required=True, type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    target = load_model(args.target)
+    prompts = spec_bench(args.per_category)
+    samples = collect(target, [prompt.text for prompt in prompts], args.traces,
+                      DistillConfig(max_new_tokens=args.max_new_tokens)).samples
+    categories = [prompt.category for prompt in prompts]
+    kind = checkpoint_kind(args.white_box)
+    methods = {}
+    for setting in args.setting:
+        drafter = new_white_box_drafter(kind, target, args.white_box)
+        name, config = parse_setting(setting)
+        learner = build_learner(name, drafter, config)
+        hits = replay(drafter, learner, samples, desc=setting)
+        methods[setting] = {
+            "agreement": sum(map(sum, hits)) / sum(map(len, hits)),
+            "learning_steps": learner.stats.steps if learner else 0,
+            "per_block": [{"category": category, "agreement": sum(h) / len(h)} for category, h in zip(categories, hits)],
+        }
+        print(f"{setting}: agreement {methods[setting]['agreement']:.3f}", flush=True)
+    results = {"command": "python benchmarks/learning_replay.py " + " ".join(sys.argv[1:]), "target": args.target,
+               "drafter": str(args.white_box), "stream": "domain-shift", "prompts": len(samples),
+               "max_new_tokens": args.max_new_tokens, "methods": methods}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    plot(results, args.out / "agreement.png")
+
+
+def parse_setting(setting: str) -> tuple[str, LearnerConfig]:
+    name, _, fields = setting.partition(":")
+    types = {field.name: field.type for field in dataclasses.fields(LearnerConfig)}
+    values = {}
+    for item in filter(None, fields.split(",")):
+        key, _, value = item.partition("=")
+        if key not in types:
+            raise SystemExit(f"{setting}: LearnerConfig has no field {key!r}")
+        values[key] = float(value) if types[key] in (float, "float") else int(value) if types[key] in (int, "int") else value
+    return name, LearnerConfig(**values)
+
+
+def replay(drafter, learner, samples: list[Sample], desc: str) -> list[list[float]]:
+    """Per sample, whether the drafter's first-token prediction at each answer position was the target's choice."""
+    hits = []
+    for request, sample in enumerate(tqdm(samples, desc=desc, unit="prompt")):
+        first = sample.prompt_length  # the first answer token: the pending token of the first round
+        sample_hits = []
+        for start in range(first, sample.tokens.numel(), POSITIONS_PER_STEP):
+            end = min(start + POSITIONS_PER_STEP, sample.tokens.numel())
+            with torch.no_grad():  # the answer so far, as the drafter's cache holds it in serving
+                outputs = drafter.training_outputs(drafter.module, sample.trace(first - 1, end))
+            predicted = drafter.vocab.ids[outputs.logits[-(end - start):].argmax(dim=-1)]
+            sample_hits += (predicted == sample.top_ids[start:end, 0]).float().tolist()
+            if learner:
+                for position in range(start, end):
+                    learner.observe(RoundFeedback(
+                        request=request, position=position, drafter=drafter.name,
+                        tokens=sample.tokens[position : position + 1], drafted=predicted[position - start : position - start + 1],
+                        num_accepted=int(sample_hits[position - first]), hidden=sample.hidden[position : position + 1].float(),
+                        top_ids=sample.top_ids[position : position + 1], top_probs=sample.top_probs[position : position + 1],
+                    ))
+        if learner:
+            learner.end_request()
+        hits.append(sample_hits)
+    return hits
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(10, 4))
+    for name, method in results["methods"].items():
+        axis.plot([block["agreement"] for block in method["per_block"]], marker=".", label=f"{name} ({method['agreement']:.3f})")
+    blocks = next(iter(results["methods"].values()))["per_block"]
+    for index, block in enumerate(blocks):
+        if index == 0 or block["category"] != blocks[index - 1]["category"]:
+            axis.axvline(index - 0.5, color="grey", linewidth=0.5)
+            axis.text(index - 0.4, 0.98, block["category"], fontsize=7, va="top", transform=axis.get_xaxis_transform())
+    axis.set_xlabel("prompt of the stream")
+    axis.set_ylabel("first-token agreement with the target")
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
