@@ -25,7 +25,8 @@ from tqdm import tqdm
 
 from evospec.bench.workloads import spec_bench
 from evospec.config import DistillConfig
-from evospec.drafters.registry import checkpoint_kind, new_white_box_drafter
+from evospec.drafters.registry import new_white_box_drafter
+from evospec.drafters.whitebox import checkpoint_kind
 from evospec.learning import LearnerConfig, build_learner
 from evospec.learning.distill import Sample, collect
 from evospec.models.loading import load_model

@@ -43,7 +43,7 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter", action="append",
                         help="none | ngram | suffix | eagle[:CHECKPOINT] | hydra[:CHECKPOINT] | lm:MODEL (or just MODEL); "
                              "repeat for a selector to pick among")
-    parser.add_argument("--selector", help="ucb-bd (default with several drafters) | ucb-be | exp3 | thompson | "
+    parser.add_argument("--selector", help="ucb-bd (default with several drafters) | ucb-be | ucb-speed | exp3 | thompson | "
                                            "egreedy | round-robin | fixed:NAME")
     learning = parser.add_argument_group("online learning (eagle and hydra drafters)")
     learning.add_argument("--learner", choices=[NO_LEARNER, *LEARNERS], default=NO_LEARNER,

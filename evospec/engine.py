@@ -16,7 +16,7 @@ from evospec.sampling import Sampler
 from evospec.stats import SpecStats
 from evospec.selection import REWARDS, Selector, build_selector
 from evospec.target import LanguageModel
-from evospec.types import Attempt, RoundFeedback, Verdict
+from evospec.types import Attempt, RoundFeedback, RoundTime, Verdict
 from evospec.verify import verify
 
 
@@ -54,6 +54,7 @@ class Engine:
         self.listeners = [*(d for d in drafters if d.needs_hidden_states), *self.learners]  # they get RoundFeedback
         self.requests = 0
         self._hidden: torch.Tensor | None = None  # the last pass's hidden states [n, H], when listeners want them
+        self._pass_s = 0.0  # seconds of the last target pass
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig, stats: SpecStats) -> Iterator[int]:
         """Yield new token ids until EOS (yielded too), max_new_tokens or the context is full.
@@ -117,8 +118,9 @@ class Engine:
             logits, self._hidden = self.target.forward_with_hidden(token_ids, num_logits=1 if prefill else 0)
         else:
             logits = self.target.forward(token_ids, num_logits=1 if prefill else 0)
+        self._pass_s = time.perf_counter() - start
         if not prefill:
-            stats.target_s += time.perf_counter() - start
+            stats.target_s += self._pass_s
         return logits
 
     def _draft(self, context: list[int], room: int, config: GenerationConfig, sampler: Sampler) -> Attempt | None:
@@ -136,7 +138,8 @@ class Engine:
 
     def _feed_back(self, attempt: Attempt, verdict: Verdict, logits: torch.Tensor, sampler: Sampler, stats: SpecStats) -> None:
         """The round's outcome to the selector (its reward), the draft-length policy and the per-drafter stats."""
-        reward = REWARDS[self.selector.reward_kind](logits, attempt.draft, verdict, sampler, attempt.asked)
+        seconds = RoundTime(attempt.draft_s, self._pass_s)
+        reward = REWARDS[self.selector.reward_kind](logits, attempt.draft, verdict, sampler, attempt.asked, seconds)
         self.selector.update(attempt.drafter, reward)
         self.draft_length.observe(attempt.drafter, attempt.draft, verdict.num_accepted, attempt.draft_s)
         stats.record_drafter(attempt, verdict, reward)

@@ -41,6 +41,14 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class RoundTime:
+    """Where a round's seconds went."""
+
+    draft_s: float  # the drafter's propose, catch-up on unseen tokens included
+    verify_s: float  # the target's pass over the pending token and the draft
+
+
+@dataclass(frozen=True)
 class Attempt:
     """One drafter's turn in a round: what it was asked for and what it drafted."""
 

@@ -12,13 +12,14 @@ import torch
 from evospec.config import SamplingConfig
 from evospec.errors import EvospecError
 from evospec.sampling import Sampler
-from evospec.selection import SELECTORS, SelectorConfig, block_divergence, block_efficiency, build_selector
-from evospec.types import Draft, Verdict
+from evospec.selection import REWARDS, SELECTORS, SelectorConfig, block_divergence, block_efficiency, build_selector, round_speed
+from evospec.types import Draft, RoundTime, Verdict
 from evospec.verify import verify_greedy
 
 SAMPLED = Sampler(SamplingConfig(temperature=1.0))
 GREEDY = Sampler(SamplingConfig())
 NO_VERDICT = Verdict(0, [0])  # sampled block divergence does not read the verdict
+TIME = RoundTime(draft_s=0.01, verify_s=0.1)  # block divergence and efficiency do not read it
 
 
 def logits_of(probs: list[list[float]]) -> torch.Tensor:
@@ -31,24 +32,56 @@ def test_block_divergence_sums_min_p_q_per_position():
     q = torch.tensor([[0.2, 0.6, 0.2], [0.1, 0.0, 0.9]])
     draft = Draft(torch.tensor([1, 2]), q)
     expected = ((0.2 + 0.3 + 0.2) + (0.1 + 0.0 + 0.8)) / 2
-    assert block_divergence(logits_of(p), draft, NO_VERDICT, SAMPLED, k=2) == pytest.approx(expected)
-    assert block_divergence(logits_of(p), draft, NO_VERDICT, SAMPLED, k=4) == pytest.approx(expected / 2)  # asked 4, drafted 2
+    assert block_divergence(logits_of(p), draft, NO_VERDICT, SAMPLED, k=2, time=TIME) == pytest.approx(expected)
+    assert block_divergence(logits_of(p), draft, NO_VERDICT, SAMPLED, k=4, time=TIME) == pytest.approx(expected / 2)  # asked 4, drafted 2
 
 
 def test_block_divergence_with_a_one_hot_q_is_p_of_the_drafted_tokens():
     p = [[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [1 / 3, 1 / 3, 1 / 3]]
     draft = Draft(torch.tensor([1, 2]), None)
-    assert block_divergence(logits_of(p), draft, NO_VERDICT, SAMPLED, k=2) == pytest.approx((0.3 + 0.8) / 2)
+    assert block_divergence(logits_of(p), draft, NO_VERDICT, SAMPLED, k=2, time=TIME) == pytest.approx((0.3 + 0.8) / 2)
 
 
 def test_greedy_block_divergence_counts_positions_where_the_draft_is_the_targets_choice():
     p = [[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [0.2, 0.7, 0.1], [1 / 3, 1 / 3, 1 / 3]]
     draft = Draft(torch.tensor([1, 2, 1]), None)  # wrong, right, right: BE sees none of it, BD two of three
     verdict = verify_greedy(logits_of(p), draft.tokens)
-    assert block_divergence(logits_of(p), draft, verdict, GREEDY, k=3) == pytest.approx(2 / 3)
-    assert block_efficiency(logits_of(p), draft, Verdict(0, [0]), GREEDY, k=3) == 0.0
-    assert block_efficiency(logits_of(p), draft, Verdict(3, [1, 2, 1, 0]), GREEDY, k=3) == 1.0
-    assert block_divergence(logits_of(p), Draft(torch.empty(0, dtype=torch.long), None), verdict, GREEDY, k=3) == 0.0
+    assert block_divergence(logits_of(p), draft, verdict, GREEDY, k=3, time=TIME) == pytest.approx(2 / 3)
+    assert block_efficiency(logits_of(p), draft, Verdict(0, [0]), GREEDY, k=3, time=TIME) == 0.0
+    assert block_efficiency(logits_of(p), draft, Verdict(3, [1, 2, 1, 0]), GREEDY, k=3, time=TIME) == 1.0
+    assert block_divergence(logits_of(p), Draft(torch.empty(0, dtype=torch.long), None), verdict, GREEDY, k=3, time=TIME) == 0.0
+
+
+def test_round_speed_is_emitted_tokens_per_second_in_units_of_the_best_case():
+    p = [[0.1, 0.8, 0.1]] * 4
+    draft = Draft(torch.tensor([1, 1, 0]), None)
+    verdict = verify_greedy(logits_of(p), draft.tokens)  # two accepted, then the target's own token
+    assert round_speed(logits_of(p), draft, verdict, GREEDY, 3, RoundTime(draft_s=0.1, verify_s=0.3)) == pytest.approx(3 / 4 * 0.3 / 0.4)
+    assert round_speed(logits_of(p), draft, verdict, GREEDY, 3, RoundTime(draft_s=0.0, verify_s=0.3)) == pytest.approx(3 / 4)
+    empty = Draft(torch.empty(0, dtype=torch.long), None)
+    assert round_speed(logits_of(p), empty, Verdict(0, [1]), GREEDY, 3, RoundTime(0.0, 0.3)) == 0.0
+
+
+def test_ucb_on_speed_prefers_the_faster_arm_where_ucb_on_agreement_prefers_the_closer_one():
+    """"slow" agrees more but drafts for twice a verification: 3.4 tokens per 3 time units against
+    "fast"'s 1.5 per unit. A bandit on block divergence picks slow, one on round speed picks fast."""
+    p = torch.tensor([[0.1, 0.9]] * 4).log()
+    outcomes = {"slow": (0.8, 2.0), "fast": (0.5, 0.0)}  # chance that the whole draft is right; draft_s per verify_s
+
+    def play(name: str) -> dict[str, float]:
+        selector, rng = build_selector(name, ["slow", "fast"]), random.Random(0)
+        for _ in range(2000):
+            arm = selector.select()
+            chance, draft_cost = outcomes[arm]
+            right = rng.random() < chance
+            draft = Draft(torch.tensor([1, 1, 1] if right else ([0, 0, 0] if arm == "fast" else [1, 0, 0])), None)
+            verdict = verify_greedy(p, draft.tokens)
+            reward = REWARDS[selector.reward_kind](p, draft, verdict, GREEDY, 3, RoundTime(draft_cost * 0.1, 0.1))
+            selector.update(arm, reward)
+        return selector.pulls
+
+    assert max(play("ucb-bd").items(), key=lambda item: item[1])[0] == "slow"
+    assert play("ucb-speed")["fast"] > 0.8 * 2000
 
 
 def bernoulli_bandit(selector, means: list[float], rounds: int, seed: int = 0) -> list[float]:
@@ -119,7 +152,7 @@ def test_bad_selector_specs_are_clear_errors(spec, message):
 
 
 def test_the_registry_lists_the_issues_selectors():
-    assert set(SELECTORS) == {"ucb-bd", "ucb-be", "exp3", "thompson", "egreedy", "round-robin", "fixed"}
+    assert set(SELECTORS) == {"ucb-bd", "ucb-be", "ucb-speed", "exp3", "thompson", "egreedy", "round-robin", "fixed"}
 
 
 @pytest.mark.parametrize("name", sorted(set(SELECTORS) - {"fixed"}) + ["fixed:b"])

@@ -37,7 +37,7 @@ class Selector(Protocol):
     """Picks an arm each round and learns from its reward in [0, 1]."""
 
     arms: tuple[str, ...]
-    reward_kind: str  # "bd" (block divergence) or "be" (block efficiency)
+    reward_kind: str  # "bd" (block divergence), "be" (block efficiency) or "speed" (round speed), see rewards.py
 
     def select(self) -> str:
         """The arm to pull this round."""
@@ -229,6 +229,7 @@ class RoundRobin(_Counts):
 SELECTORS: dict[str, Callable[[Sequence[str], SelectorConfig, str | None], Selector]] = {
     "ucb-bd": lambda arms, config, arg: UCB(arms, config, reward_kind="bd"),
     "ucb-be": lambda arms, config, arg: UCB(arms, config, reward_kind="be"),
+    "ucb-speed": lambda arms, config, arg: UCB(arms, config, reward_kind="speed"),
     "exp3": lambda arms, config, arg: EXP3(arms, config),
     "thompson": lambda arms, config, arg: Thompson(arms, config),
     "egreedy": lambda arms, config, arg: EpsilonGreedy(arms, config),
