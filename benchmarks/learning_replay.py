@@ -117,7 +117,7 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(10, 4))
+    figure, axis = plt.subplots(figsize=(10, 4.8))
     for name, method in results["methods"].items():
         axis.plot([block["agreement"] for block in method["per_block"]], marker=".", label=f"{name} ({method['agreement']:.3f})")
     blocks = next(iter(results["methods"].values()))["per_block"]
@@ -127,7 +127,7 @@ def plot(results: dict, path: Path) -> None:
             axis.text(index - 0.4, 0.98, block["category"], fontsize=7, va="top", transform=axis.get_xaxis_transform())
     axis.set_xlabel("prompt of the stream")
     axis.set_ylabel("first-token agreement with the target")
-    axis.legend(fontsize=7)
+    axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=4)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 

@@ -88,7 +88,8 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
     learner_config = _learner_config(args)
 
     def load() -> TextGenerator:
-        from evospec.draft_length import adaptive_draft_length
+        from evospec.cost import model_forward_cost
+        from evospec.draft_length import AdaptiveDraftLength
         from evospec.drafters.registry import build_drafter
         from evospec.generation import TextGenerator
         from evospec.learning import build_learner
@@ -99,13 +100,16 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
         drafters = [drafter for spec in specs if (drafter := build_drafter(spec, target, args.dtype))]
         names = [drafter.name for drafter in drafters]
         selector = build_selector(args.selector or DEFAULT_SELECTOR, names) if len(drafters) > 1 else None
-        draft_length = adaptive_draft_length(target, config.num_speculative_tokens) if args.adaptive_k else None
+        # T(n) of this target on this machine (measured once, cached), for the policies that weigh time
+        timed = args.adaptive_k or (selector is not None and selector.reward_kind == "speed")
+        cost = model_forward_cost(target, config.num_speculative_tokens + 1) if timed else None
+        draft_length = AdaptiveDraftLength(cost) if args.adaptive_k else None
         learners = []
         if args.learner != NO_LEARNER:
             learners = [build_learner(args.learner, d, learner_config) for d in drafters if d.learnable]
             if not learners:
                 raise EvospecError(f"--learner {args.learner} trains eagle or hydra drafters; none was given")
-        return TextGenerator(target, drafters, draft_length, selector, learners)
+        return TextGenerator(target, drafters, draft_length, selector, learners, cost)
 
     return load
 

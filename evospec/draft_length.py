@@ -18,9 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from evospec.cost import ForwardCost, model_forward_cost
+from evospec.cost import ForwardCost
 from evospec.errors import EvospecError
-from evospec.models.loading import LoadedModel
 from evospec.types import Draft
 
 
@@ -128,7 +127,3 @@ class AdaptiveDraftLength:
             previous = self._draft_seconds_per_token.get(drafter, seconds_per_token)
             self._draft_seconds_per_token[drafter] = 0.9 * previous + 0.1 * seconds_per_token
 
-
-def adaptive_draft_length(target: LoadedModel, max_k: int, config: AdaptiveConfig = AdaptiveConfig()) -> AdaptiveDraftLength:
-    """An adaptive policy for this target, from its forward cost on this machine (measured once, cached)."""
-    return AdaptiveDraftLength(model_forward_cost(target, max_k + 1), config)

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from evospec.config import GenerationConfig
+from evospec.cost import ForwardCost
 from evospec.draft_length import DraftLength, FixedDraftLength
 from evospec.drafters import Drafter, empty_draft
 from evospec.errors import EvospecError
@@ -37,6 +38,7 @@ class Engine:
         draft_length: DraftLength | None = None,
         selector: Selector | None = None,
         learners: Sequence[OnlineLearner] = (),
+        forward_cost: ForwardCost | None = None,
     ) -> None:
         self.target = target
         self.drafters = {drafter.name: drafter for drafter in drafters}
@@ -47,6 +49,9 @@ class Engine:
         if selector is not None and set(selector.arms) != set(self.drafters):
             raise EvospecError(f"the selector's arms {selector.arms} are not the drafters {list(self.drafters)}")
         self.selector = selector or (build_selector(f"fixed:{drafters[0].name}", [drafters[0].name]) if drafters else None)
+        if self.selector is not None and self.selector.reward_kind == "speed" and forward_cost is None:
+            raise EvospecError(f"selector {self.selector} rewards speed: it needs the target's measured forward cost")
+        self.step_s = forward_cost.of(1) if forward_cost else 0.0  # T(1), for the speed reward
         self.eos_token_ids = eos_token_ids
         self.context_length = context_length
         self.draft_length = draft_length or FixedDraftLength()
@@ -138,7 +143,7 @@ class Engine:
 
     def _feed_back(self, attempt: Attempt, verdict: Verdict, logits: torch.Tensor, sampler: Sampler, stats: SpecStats) -> None:
         """The round's outcome to the selector (its reward), the draft-length policy and the per-drafter stats."""
-        seconds = RoundTime(attempt.draft_s, self._pass_s)
+        seconds = RoundTime(attempt.draft_s, self._pass_s, self.step_s)
         reward = REWARDS[self.selector.reward_kind](logits, attempt.draft, verdict, sampler, attempt.asked, seconds)
         self.selector.update(attempt.drafter, reward)
         self.draft_length.observe(attempt.drafter, attempt.draft, verdict.num_accepted, attempt.draft_s)

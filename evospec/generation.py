@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 
 from evospec.config import GenerationConfig
+from evospec.cost import ForwardCost
 from evospec.draft_length import DraftLength
 from evospec.drafters import Drafter
 from evospec.engine import Engine
@@ -74,12 +75,13 @@ class TextGenerator:
         draft_length: DraftLength | None = None,
         selector: Selector | None = None,
         learners: Sequence[OnlineLearner] = (),
+        forward_cost: ForwardCost | None = None,
     ) -> None:
         self.target = target
         self.tokenizer = target.tokenizer
         self.engine = Engine(
             target.new_lm(hidden_states=bool(learners) or any(d.needs_hidden_states for d in drafters)), drafters, eos_token_ids(target), context_length(target), draft_length, selector,
-            learners,
+            learners, forward_cost,
         )
 
     def stream(self, prompt: Prompt, config: GenerationConfig, chat: bool = False) -> TextStream:

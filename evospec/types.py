@@ -46,6 +46,7 @@ class RoundTime:
 
     draft_s: float  # the drafter's propose, catch-up on unseen tokens included
     verify_s: float  # the target's pass over the pending token and the draft
+    step_s: float  # a plain decoding step of the target on this machine, T(1) (0 when not measured)
 
 
 @dataclass(frozen=True)

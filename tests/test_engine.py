@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from evospec.config import GenerationConfig, SamplingConfig
+from evospec.cost import measure_forward_cost
 from evospec.drafters import NgramDrafter, SmallLMDrafter, SuffixDrafter
 from evospec.engine import Engine
 from evospec.errors import EvospecError
@@ -12,7 +13,7 @@ from evospec.selection import SELECTORS, build_selector
 from evospec.stats import SpecStats
 from evospec.target import CachedLM
 
-from conftest import random_prompts, reference_greedy
+from conftest import TINY_VOCAB, random_prompts, reference_greedy
 
 MAX_NEW = 24
 DRAFTERS = ["none", "self", "noisy-lm", "ngram", "suffix"]
@@ -121,8 +122,9 @@ def test_switching_drafters_is_lossless(tiny_target, tiny_drafter, plain_outputs
     """round-robin switches every round, over all 20 prompts; the other selectors on 5 of them."""
     drafters = [SmallLMDrafter(CachedLM(tiny_drafter), "noisy"), NgramDrafter(), SuffixDrafter(),
                 SmallLMDrafter(CachedLM(tiny_target), "self")]
+    cost = measure_forward_cost(CachedLM(tiny_target), 4, TINY_VOCAB)  # for ucb-speed's reward
     engine = Engine(CachedLM(tiny_target), drafters, frozenset(), 256,
-                    selector=build_selector(selector, [d.name for d in drafters]))
+                    selector=build_selector(selector, [d.name for d in drafters]), forward_cost=cost)
     config = GenerationConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=3)
     total = SpecStats()
     prompts = list(plain_outputs.items())[: None if selector == "round-robin" else 5]
@@ -144,6 +146,12 @@ def test_a_selector_keeps_sampling_seeded(tiny_target, tiny_drafter):
                         selector=build_selector("thompson", ["noisy", "ngram"]))
         outputs.append(run(engine, [1, 2, 3, 1, 2], config)[0])
     assert outputs[0] == outputs[1] and len(outputs[0]) == 20
+
+
+def test_a_speed_reward_without_the_targets_forward_cost_is_a_clear_error(tiny_target):
+    drafters = [NgramDrafter(), SuffixDrafter()]
+    with pytest.raises(EvospecError, match="forward cost"):
+        Engine(CachedLM(tiny_target), drafters, frozenset(), 256, selector=build_selector("ucb-speed", ["ngram", "suffix"]))
 
 
 def test_several_drafters_need_a_selector_over_exactly_them(tiny_target):

@@ -19,7 +19,7 @@ from evospec.verify import verify_greedy
 SAMPLED = Sampler(SamplingConfig(temperature=1.0))
 GREEDY = Sampler(SamplingConfig())
 NO_VERDICT = Verdict(0, [0])  # sampled block divergence does not read the verdict
-TIME = RoundTime(draft_s=0.01, verify_s=0.1)  # block divergence and efficiency do not read it
+TIME = RoundTime(draft_s=0.01, verify_s=0.1, step_s=0.05)  # block divergence and efficiency do not read it
 
 
 def logits_of(probs: list[list[float]]) -> torch.Tensor:
@@ -52,14 +52,14 @@ def test_greedy_block_divergence_counts_positions_where_the_draft_is_the_targets
     assert block_divergence(logits_of(p), Draft(torch.empty(0, dtype=torch.long), None), verdict, GREEDY, k=3, time=TIME) == 0.0
 
 
-def test_round_speed_is_emitted_tokens_per_second_in_units_of_the_best_case():
+def test_round_speed_is_the_rounds_speedup_over_plain_decoding_squashed_into_0_1():
     p = [[0.1, 0.8, 0.1]] * 4
     draft = Draft(torch.tensor([1, 1, 0]), None)
     verdict = verify_greedy(logits_of(p), draft.tokens)  # two accepted, then the target's own token
-    assert round_speed(logits_of(p), draft, verdict, GREEDY, 3, RoundTime(draft_s=0.1, verify_s=0.3)) == pytest.approx(3 / 4 * 0.3 / 0.4)
-    assert round_speed(logits_of(p), draft, verdict, GREEDY, 3, RoundTime(draft_s=0.0, verify_s=0.3)) == pytest.approx(3 / 4)
-    empty = Draft(torch.empty(0, dtype=torch.long), None)
-    assert round_speed(logits_of(p), empty, Verdict(0, [1]), GREEDY, 3, RoundTime(0.0, 0.3)) == 0.0
+    speedup = 3 * 0.1 / (0.1 + 0.3)  # 3 tokens in 0.4 s; plain decoding makes one per 0.1 s
+    assert round_speed(logits_of(p), draft, verdict, GREEDY, 3, RoundTime(0.1, 0.3, 0.1)) == pytest.approx(speedup / (1 + speedup))
+    empty = Draft(torch.empty(0, dtype=torch.long), None)  # nothing to propose: a plain step, speedup 1
+    assert round_speed(logits_of(p), empty, Verdict(0, [1]), GREEDY, 3, RoundTime(0.0, 0.1, 0.1)) == pytest.approx(0.5)
 
 
 def test_ucb_on_speed_prefers_the_faster_arm_where_ucb_on_agreement_prefers_the_closer_one():
@@ -76,7 +76,7 @@ def test_ucb_on_speed_prefers_the_faster_arm_where_ucb_on_agreement_prefers_the_
             right = rng.random() < chance
             draft = Draft(torch.tensor([1, 1, 1] if right else ([0, 0, 0] if arm == "fast" else [1, 0, 0])), None)
             verdict = verify_greedy(p, draft.tokens)
-            reward = REWARDS[selector.reward_kind](p, draft, verdict, GREEDY, 3, RoundTime(draft_cost * 0.1, 0.1))
+            reward = REWARDS[selector.reward_kind](p, draft, verdict, GREEDY, 3, RoundTime(draft_cost * 0.1, 0.1, 0.1))
             selector.update(arm, reward)
         return selector.pulls
 

@@ -15,7 +15,8 @@ from typing import Protocol
 import torch
 
 from evospec.config import GenerationConfig
-from evospec.draft_length import adaptive_draft_length
+from evospec.cost import model_forward_cost
+from evospec.draft_length import AdaptiveDraftLength
 from evospec.drafters import Drafter, NgramDrafter, SmallLMDrafter, SuffixDrafter
 from evospec.drafters.registry import new_white_box_drafter
 from evospec.drafters.whitebox import checkpoint_kind
@@ -146,11 +147,13 @@ def build_methods(
 
     def engine(drafters: list[Drafter], adaptive: bool = False, selector: str | None = None,
                learner: str | None = None) -> Engine:
-        draft_length = adaptive_draft_length(target, num_speculative_tokens) if adaptive else None
         arms = build_selector(selector, [d.name for d in drafters]) if selector else None
+        timed = adaptive or (arms is not None and arms.reward_kind == "speed")
+        cost = model_forward_cost(target, num_speculative_tokens + 1) if timed else None  # measured once, cached
+        draft_length = AdaptiveDraftLength(cost) if adaptive else None
         learners = [build_learner(learner, drafters[0], learning)] if learner else []
         reads_hidden = bool(learners) or any(d.needs_hidden_states for d in drafters)
-        return Engine(target.new_lm(hidden_states=reads_hidden), drafters, eos, window, draft_length, arms, learners)
+        return Engine(target.new_lm(hidden_states=reads_hidden), drafters, eos, window, draft_length, arms, learners, cost)
 
     def small_lm() -> list[Drafter]:
         return [SmallLMDrafter(draft_model.new_lm(), draft_model.name)] if draft_model else []

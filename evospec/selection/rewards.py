@@ -6,13 +6,12 @@
   not; richer and of lower variance than BE. q is one-hot on the drafted token for drafters without
   probabilities, and under greedy decoding p is one-hot on argmax p, so BD is then the share of
   drafted positions whose token is the target's choice.
-- round speed = (accepted + 1) / (k + 1) * verify_s / (draft_s + verify_s): the tokens per second of
-  the round, in units of the most that k drafted tokens could give for the same verification. BD and
-  BE measure agreement; where drafting is not nearly free (a small LM on a CPU, its catch-up after
-  other arms' rounds), the arm that agrees most is not the fastest, and this reward sees the difference.
-  Arms asked for the same k pay alike for verification, so it orders them by tokens per second from
-  measured seconds alone, with no model of the target's cost.
-All are computed under the sampling transform of the verification and are 0 for an empty draft.
+- round speed = s / (1 + s), where s = (accepted + 1) * T(1) / (draft_s + verify_s) is the round's
+  speedup over plain decoding, from its measured seconds and the target's measured one-token step.
+  BD and BE measure agreement. Where drafting or verifying is not nearly free (a small LM or a
+  llama.cpp target on a CPU), the drafter that agrees most is not the fastest one, and this reward
+  sees the difference. A round whose drafter had nothing to propose is a plain step (s ~ 1).
+BD and BE are computed under the sampling transform of the verification and are 0 for an empty draft.
 """
 
 from __future__ import annotations
@@ -51,10 +50,9 @@ def block_divergence(target_logits: torch.Tensor, draft: Draft, verdict: Verdict
 
 def round_speed(target_logits: torch.Tensor, draft: Draft, verdict: Verdict, sampler: Sampler, k: int,
                 time: RoundTime) -> float:
-    """(accepted + 1) / (k + 1) * verify_s / (draft_s + verify_s), in [0, 1]."""
-    if draft.size == 0 or k == 0:
-        return 0.0
-    return (verdict.num_accepted + 1) / (k + 1) * time.verify_s / (time.draft_s + time.verify_s)
+    """s / (1 + s) in [0, 1), s = (accepted + 1) * step_s / (draft_s + verify_s): speedup over plain decoding."""
+    speedup = (verdict.num_accepted + 1) * time.step_s / (time.draft_s + time.verify_s)
+    return speedup / (1 + speedup)
 
 
 # A selector's reward_kind -> the reward of a round: f(target_logits, draft, verdict, sampler, k asked, time).
