@@ -15,6 +15,7 @@ from evospec.draft_length import AdaptiveDraftLength
 from evospec.drafters import NgramDrafter, SmallLMDrafter
 from evospec.engine import Engine
 from evospec.errors import EvospecError
+from evospec.selection import build_selector
 from evospec.stats import SpecStats
 from evospec.target import CachedLM
 from evospec.types import Draft
@@ -76,6 +77,19 @@ def test_adaptive_draft_length_is_lossless(tiny_target, tiny_drafter, drafter_ki
         assert list(engine.generate(prompt, config, stats)) == reference_greedy(tiny_target, prompt, 24)
         lengths.add(stats.num_draft_tokens)
     assert len(lengths) > 1  # the policy did vary what it verified
+
+
+def test_adaptive_draft_length_under_a_speed_bandit_is_lossless(tiny_target, tiny_drafter):
+    drafters = [NgramDrafter(), SmallLMDrafter(CachedLM(tiny_drafter), "noisy")]
+    engine = Engine(CachedLM(tiny_target), drafters, frozenset(), 256, AdaptiveDraftLength(STEEP),
+                    build_selector("ucb-speed", ["ngram", "noisy"]), forward_cost=STEEP)
+    config = GenerationConfig(max_new_tokens=24, num_speculative_tokens=4)
+    total = SpecStats()
+    for prompt in random_prompts(10, seed=12):
+        stats = SpecStats()
+        assert list(engine.generate(prompt, config, stats)) == reference_greedy(tiny_target, prompt, 24)
+        total.merge(stats)
+    assert all(arm.pulls for arm in total.drafters.values())  # both drafters were tried
 
 
 def test_forward_cost_is_measured_once_then_read(tiny_target, tmp_path: Path, monkeypatch):

@@ -167,10 +167,10 @@ def build_methods(
                 name, engine([make()], adaptive)
             )
     for selector in SELECTORS:
-        if selector != "fixed":
-            name = f"select:{selector}"
-            builders[name] = lambda name=name, selector=selector: EvospecMethod(
-                name, engine([*small_lm(), NgramDrafter(), SuffixDrafter()], selector=selector)
+        for suffix in ("", ADAPTIVE) if selector != "fixed" else ():
+            name = f"select:{selector}{suffix}"
+            builders[name] = lambda name=name, selector=selector, adaptive=bool(suffix): EvospecMethod(
+                name, engine([*small_lm(), NgramDrafter(), SuffixDrafter()], adaptive, selector=selector)
             )
     if white_box is not None:
         kind = checkpoint_kind(white_box)

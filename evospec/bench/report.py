@@ -77,8 +77,8 @@ def plot_blocks(results: dict[str, Any], path: Path) -> None:
 
 
 def single_drafters(names: Sequence[str]) -> list[str]:
-    """The methods that run one drafter with a fixed draft length (evospec:<drafter>)."""
-    return [name for name in names if name.startswith("evospec:") and "/" not in name]
+    """The methods that run one drafter (evospec:<drafter>, its draft length fixed or adaptive)."""
+    return [name for name in names if name.startswith("evospec:")]
 
 
 def _add_oracle(methods: dict[str, Any]) -> None:
