@@ -95,3 +95,12 @@ def test_an_unknown_stream_names_the_categories():
     assert {prompt.category for prompt in _stream("category:qa", 2)} == {"qa"}
     with pytest.raises(EvospecError, match="math_reasoning"):
         _stream("category:poetry", 1)
+
+
+def test_every_suite_method_and_its_adaptive_variants_are_known_before_loading():
+    from evospec.bench.methods import all_method_names, method_names
+
+    known = all_method_names(SMOL, "llamacpp")
+    assert set(method_names(SMOL, "llamacpp", "engine")) | set(method_names(SMOL, "llamacpp", "selection")) <= set(known)
+    assert {"select:ucb-speed/k=auto", "select:ucb-bd/k=auto", f"evospec:{SMOL}/k=auto"} <= set(known)
+    assert "evospec:eagle/k=auto" not in known  # no white-box checkpoint given

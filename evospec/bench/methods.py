@@ -206,6 +206,17 @@ def check_method_names(names: list[str], known: list[str]) -> None:
         raise EvospecError(f"unknown bench method(s) {unknown}; known: {sorted(known)}")
 
 
+def all_method_names(draft_model_name: str, backend: str, white_box: Path | None = None) -> list[str]:
+    """Every method build_methods can make for these models: the suites' methods, and each
+    selector's and white-box method's variant with the adaptive draft length."""
+    suites = ["engine", "selection", *(["learning"] if white_box is not None else [])]
+    names = [name for suite in suites for name in method_names(draft_model_name, backend, suite, white_box)]
+    adaptive = [f"{name}{ADAPTIVE}" for name in names if name.startswith("select:") or (white_box and "+" in name)]
+    if white_box is not None:
+        adaptive.append(f"evospec:{checkpoint_kind(white_box)}{ADAPTIVE}")
+    return list(dict.fromkeys([*names, *adaptive]))
+
+
 def method_names(draft_model_name: str, backend: str, suite: str = "engine", white_box: Path | None = None) -> list[str]:
     """The methods of a benchmark suite on a backend, baselines first.
 

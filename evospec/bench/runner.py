@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from evospec.bench.methods import EvospecMethod, build_methods, check_method_names, method_names
+from evospec.bench.methods import EvospecMethod, all_method_names, build_methods, check_method_names, method_names
 from evospec.bench.report import plot_blocks, plot_selection, single_drafters, summarize, write_report
 from evospec.bench.workloads import Prompt, spec_bench
 from evospec.config import DEFAULT_DTYPE, GenerationConfig
@@ -50,10 +50,7 @@ def run_bench(settings: BenchSettings) -> dict:
     backend = settings.backend or default_backend(settings.target)
     suite = method_names(settings.draft_model, backend, settings.suite, settings.white_box)
     names = list(settings.methods or suite)
-    known = method_names(settings.draft_model, backend, "engine") + suite
-    if settings.white_box is not None:
-        known += method_names(settings.draft_model, backend, "learning", settings.white_box)
-    check_method_names(names, known)  # before loading GBs
+    check_method_names(names, all_method_names(settings.draft_model, backend, settings.white_box))  # before loading GBs
     target = load_model(settings.target, settings.dtype, backend)
     draft_model = load_model(settings.draft_model, settings.dtype, backend)
     methods = build_methods(names, target, draft_model, settings.generation.num_speculative_tokens,
