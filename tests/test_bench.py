@@ -85,6 +85,8 @@ def test_the_selection_suite_adds_the_oracle_and_plots_regret_and_arm_shares(tmp
     singles = [f"evospec:{SMOL}", "evospec:ngram", "evospec:suffix"]
     assert {"evospec-plain", *singles, "select:ucb-bd", "select:exp3", "oracle"} <= set(methods)
     assert methods["oracle"]["best"] in singles
+    arms = methods["select:ucb-bd"]["drafters"]  # per-arm statistics of the selector's run
+    assert set(arms) == {SMOL, "ngram", "suffix"} and sum(arm["pulls"] for arm in arms.values()) > 0
     assert methods["oracle"]["tokens_per_s"] == max(methods[name]["tokens_per_s"] for name in singles)
     assert (tmp_path / "selection.png").stat().st_size > 1000
 

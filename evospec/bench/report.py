@@ -29,6 +29,7 @@ def aggregate(runs: Sequence[SpecStats]) -> dict[str, Any]:
         "draft_s": total.draft_s,
         "loop_overhead_us": total.loop_overhead_us,
         "learn_s": total.learn_s,
+        "drafters": {name: arm.to_dict() for name, arm in total.drafters.items()},  # per arm: pulls, reward, tau, ...
     }
 
 
