@@ -88,8 +88,7 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
     learner_config = _learner_config(args)
 
     def load() -> TextGenerator:
-        from evospec.cost import model_forward_cost
-        from evospec.draft_length import AdaptiveDraftLength
+        from evospec.draft_length import timing
         from evospec.drafters.registry import build_drafter
         from evospec.generation import TextGenerator
         from evospec.learning import build_learner
@@ -100,10 +99,7 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
         drafters = [drafter for spec in specs if (drafter := build_drafter(spec, target, args.dtype))]
         names = [drafter.name for drafter in drafters]
         selector = build_selector(args.selector or DEFAULT_SELECTOR, names) if len(drafters) > 1 else None
-        # T(n) of this target on this machine (measured once, cached), for the policies that weigh time
-        timed = args.adaptive_k or (selector is not None and selector.reward_kind == "speed")
-        cost = model_forward_cost(target, config.num_speculative_tokens + 1) if timed else None
-        draft_length = AdaptiveDraftLength(cost) if args.adaptive_k else None
+        cost, draft_length = timing(target, config.num_speculative_tokens, args.adaptive_k, selector)
         learners = []
         if args.learner != NO_LEARNER:
             learners = [build_learner(args.learner, d, learner_config) for d in drafters if d.learnable]

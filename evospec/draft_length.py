@@ -18,8 +18,10 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from evospec.cost import ForwardCost
+from evospec.cost import ForwardCost, model_forward_cost
 from evospec.errors import EvospecError
+from evospec.models.loading import LoadedModel
+from evospec.selection import Selector
 from evospec.types import Draft
 
 
@@ -126,4 +128,12 @@ class AdaptiveDraftLength:
             seconds_per_token = draft_seconds / draft.size
             previous = self._draft_seconds_per_token.get(drafter, seconds_per_token)
             self._draft_seconds_per_token[drafter] = 0.9 * previous + 0.1 * seconds_per_token
+
+
+def timing(target: LoadedModel, max_k: int, adaptive: bool, selector: Selector | None) -> tuple[ForwardCost | None, AdaptiveDraftLength | None]:
+    """The target's forward cost on this machine (measured once, cached) where a policy weighs time, the
+    adaptive draft length or a selector rewarding speed, and the adaptive policy when asked for."""
+    timed = adaptive or (selector is not None and selector.reward_kind == "speed")
+    cost = model_forward_cost(target, max_k + 1) if timed else None
+    return cost, AdaptiveDraftLength(cost) if adaptive else None
 

@@ -15,8 +15,7 @@ from typing import Protocol
 import torch
 
 from evospec.config import GenerationConfig
-from evospec.cost import model_forward_cost
-from evospec.draft_length import AdaptiveDraftLength
+from evospec.draft_length import timing
 from evospec.drafters import Drafter, NgramDrafter, SmallLMDrafter, SuffixDrafter
 from evospec.drafters.registry import new_white_box_drafter
 from evospec.drafters.whitebox import checkpoint_kind
@@ -148,9 +147,7 @@ def build_methods(
     def engine(drafters: list[Drafter], adaptive: bool = False, selector: str | None = None,
                learner: str | None = None) -> Engine:
         arms = build_selector(selector, [d.name for d in drafters]) if selector else None
-        timed = adaptive or (arms is not None and arms.reward_kind == "speed")
-        cost = model_forward_cost(target, num_speculative_tokens + 1) if timed else None  # measured once, cached
-        draft_length = AdaptiveDraftLength(cost) if adaptive else None
+        cost, draft_length = timing(target, num_speculative_tokens, adaptive, arms)
         learners = [build_learner(learner, drafters[0], learning)] if learner else []
         reads_hidden = bool(learners) or any(d.needs_hidden_states for d in drafters)
         return Engine(target.new_lm(hidden_states=reads_hidden), drafters, eos, window, draft_length, arms, learners, cost)
@@ -211,9 +208,7 @@ def all_method_names(draft_model_name: str, backend: str, white_box: Path | None
     selector's and white-box method's variant with the adaptive draft length."""
     suites = ["engine", "selection", *(["learning"] if white_box is not None else [])]
     names = [name for suite in suites for name in method_names(draft_model_name, backend, suite, white_box)]
-    adaptive = [f"{name}{ADAPTIVE}" for name in names if name.startswith("select:") or (white_box and "+" in name)]
-    if white_box is not None:
-        adaptive.append(f"evospec:{checkpoint_kind(white_box)}{ADAPTIVE}")
+    adaptive = [f"{name}{ADAPTIVE}" for name in names if name.startswith(("evospec:", "select:")) and ADAPTIVE not in name]
     return list(dict.fromkeys([*names, *adaptive]))
 
 
