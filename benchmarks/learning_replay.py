@@ -27,7 +27,8 @@ from evospec.bench.workloads import spec_bench
 from evospec.config import DistillConfig
 from evospec.drafters.registry import new_white_box_drafter
 from evospec.drafters.whitebox import checkpoint_kind
-from evospec.learning import LearnerConfig, build_learner
+from evospec.errors import EvospecError
+from evospec.learning import LEARNERS, NO_LEARNER, LearnerConfig, build_learner
 from evospec.learning.distill import Sample, collect
 from evospec.models.loading import load_model
 from evospec.types import RoundFeedback
@@ -46,17 +47,20 @@ def main() -> None:
                         help="none, or LEARNER[:field=value,...] with LearnerConfig fields, e.g. ogd:lr=0.5,every=8")
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args()
+    settings = {setting: parse_setting(setting) for setting in args.setting}  # bad ones fail before any loading
+    try:
+        kind = checkpoint_kind(args.white_box)
+    except EvospecError as error:
+        raise SystemExit(str(error)) from error
     torch.set_num_threads(2)
     target = load_model(args.target)
     prompts = spec_bench(args.per_category)
     samples = collect(target, [prompt.text for prompt in prompts], args.traces,
                       DistillConfig(max_new_tokens=args.max_new_tokens)).samples
     categories = [prompt.category for prompt in prompts]
-    kind = checkpoint_kind(args.white_box)
     methods = {}
-    for setting in args.setting:
+    for setting, (name, config) in settings.items():
         drafter = new_white_box_drafter(kind, target, args.white_box)
-        name, config = parse_setting(setting)
         learner = build_learner(name, drafter, config)
         hits = replay(drafter, learner, samples, desc=setting)
         methods[setting] = {
@@ -74,15 +78,21 @@ def main() -> None:
 
 
 def parse_setting(setting: str) -> tuple[str, LearnerConfig]:
+    """'LEARNER[:field=value,...]' -> (learner name, its config); nonsense exits with a one-line reason."""
     name, _, fields = setting.partition(":")
+    if name not in (NO_LEARNER, *LEARNERS):
+        raise SystemExit(f"{setting}: unknown learner {name!r}; choose one of {NO_LEARNER}, {', '.join(LEARNERS)}")
     types = {field.name: field.type for field in dataclasses.fields(LearnerConfig)}
     values = {}
-    for item in filter(None, fields.split(",")):
-        key, _, value = item.partition("=")
-        if key not in types:
-            raise SystemExit(f"{setting}: LearnerConfig has no field {key!r}")
-        values[key] = float(value) if types[key] in (float, "float") else int(value) if types[key] in (int, "int") else value
-    return name, LearnerConfig(**values)
+    try:
+        for item in filter(None, fields.split(",")):
+            key, _, value = item.partition("=")
+            if key not in types:
+                raise SystemExit(f"{setting}: LearnerConfig has no field {key!r}")
+            values[key] = float(value) if types[key] in (float, "float") else int(value) if types[key] in (int, "int") else value
+        return name, LearnerConfig(**values)
+    except (ValueError, EvospecError) as error:
+        raise SystemExit(f"{setting}: {error}") from error
 
 
 def replay(drafter, learner, samples: list[Sample], desc: str) -> list[list[float]]:

@@ -39,6 +39,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--out", required=True, help="a directory for results.json and learning.png")
     args = parser.parse_args()
+    if min(args.requests, args.block, args.max_tokens) < 1:
+        parser.error("--requests, --block and --max-tokens must be >= 1")
     prompts = [prompt.text for prompt in spec_bench(args.requests) if prompt.category == args.category][: args.requests]
     if len(prompts) < args.requests:
         parser.error(f"Spec-Bench has {len(prompts)} prompts of category {args.category!r}")
