@@ -41,13 +41,14 @@ def _add_generation_options(parser: argparse.ArgumentParser) -> None:
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="zoo alias, local directory, .gguf file or HF id")
     parser.add_argument("--drafter", action="append",
-                        help="none | ngram | suffix | eagle[:CHECKPOINT] | hydra[:CHECKPOINT] | lm:MODEL (or just MODEL); "
+                        help="none | ngram | suffix | eagle[:CHECKPOINT] | hydra[:CHECKPOINT] | lm:MODEL (or just MODEL) | "
+                             "lora:MODEL (a small LM whose adapters --learner trains); "
                              "repeat for a selector to pick among")
     parser.add_argument("--selector", help="ucb-bd (default with several drafters) | ucb-be | ucb-speed | exp3 | thompson | "
-                                           "egreedy | round-robin | fixed:NAME")
-    learning = parser.add_argument_group("online learning (eagle and hydra drafters)")
+                                           "thompson-speed | egreedy | round-robin | fixed:NAME")
+    learning = parser.add_argument_group("online learning (eagle, hydra and lora:MODEL drafters)")
     learning.add_argument("--learner", choices=[NO_LEARNER, *LEARNERS], default=NO_LEARNER,
-                          help="train every white-box drafter while it serves (default: none, frozen)")
+                          help="train every learnable drafter while it serves (default: none, frozen)")
     learning.add_argument("--lr", type=float, default=LEARNING.lr, help="learning rate (the ensemble's smallest)")
     learning.add_argument("--learn-schedule", choices=SCHEDULES, default=LEARNING.schedule,
                           help="step every --learn-every rounds, after each request, or after every --learn-every requests")
@@ -90,7 +91,7 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
     def load() -> TextGenerator:
         from evospec.draft_length import timing
         from evospec.drafters.registry import build_drafter
-        from evospec.generation import TextGenerator
+        from evospec.generation import TextGenerator, build_engine
         from evospec.learning import build_learner
         from evospec.models.loading import load_model
         from evospec.selection import DEFAULT_SELECTOR, build_selector
@@ -104,8 +105,8 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
         if args.learner != NO_LEARNER:
             learners = [build_learner(args.learner, d, learner_config) for d in drafters if d.learnable]
             if not learners:
-                raise EvospecError(f"--learner {args.learner} trains eagle or hydra drafters; none was given")
-        return TextGenerator(target, drafters, draft_length, selector, learners, cost)
+                raise EvospecError(f"--learner {args.learner} trains eagle, hydra or lora:MODEL drafters; none was given")
+        return TextGenerator(target, build_engine(target, drafters, draft_length, selector, learners, cost))
 
     return load
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import statistics
 import time
@@ -18,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from evospec.errors import EvospecError
+from evospec.files import write_atomically
 from evospec.models.llamacpp import default_threads
 from evospec.models.loading import LoadedModel, vocab_size
 from evospec.models.zoo import evospec_home
@@ -81,9 +81,7 @@ def cached_forward_cost(lm: LanguageModel, model_key: str, max_tokens: int, voca
             path.unlink()  # a damaged cache entry is measured again
     cost = measure_forward_cost(lm, max_tokens, vocab_size)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_suffix(f".{os.getpid()}.tmp")
-    staged.write_text(json.dumps({"model": model_key, "machine": _machine(), **asdict(cost)}))
-    os.replace(staged, path)
+    write_atomically(path, json.dumps({"model": model_key, "machine": _machine(), **asdict(cost)}))
     return cost
 
 

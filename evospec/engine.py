@@ -57,6 +57,7 @@ class Engine:
         self.draft_length = draft_length or FixedDraftLength()
         self.learners = list(learners)
         self.listeners = [*(d for d in drafters if d.needs_hidden_states), *self.learners]  # they get RoundFeedback
+        self._reads_hidden = any(listener.needs_hidden_states for listener in self.listeners)
         self.requests = 0
         self._hidden: torch.Tensor | None = None  # the last pass's hidden states [n, H], when listeners want them
         self._pass_s = 0.0  # seconds of the last target pass
@@ -117,9 +118,9 @@ class Engine:
 
     def _forward(self, token_ids: list[int], stats: SpecStats, prefill: bool = False) -> torch.Tensor:
         """The target's pass over token_ids -> logits [n, V] (the last row only at the prefill). With
-        listeners, hidden states come too and wait in self._hidden for _tell_listeners."""
+        listeners that read them, hidden states come too and wait in self._hidden for _tell_listeners."""
         start = time.perf_counter()
-        if self.listeners:
+        if self._reads_hidden:
             logits, self._hidden = self.target.forward_with_hidden(token_ids, num_logits=1 if prefill else 0)
         else:
             logits = self.target.forward(token_ids, num_logits=1 if prefill else 0)
@@ -164,7 +165,8 @@ class Engine:
         feedback = RoundFeedback(
             request=self.requests, drafter=attempt.drafter if attempt and drafted.numel() else None,
             position=first, tokens=torch.tensor(context[first:] + drafted[: verdict.num_accepted].tolist()),
-            drafted=drafted, num_accepted=verdict.num_accepted, hidden=self._hidden[:rows],
+            drafted=drafted, num_accepted=verdict.num_accepted,
+            hidden=self._hidden[:rows] if self._reads_hidden else None,
             top_ids=top.indices, top_probs=top.values,
         )
         for listener in self.listeners:

@@ -20,6 +20,23 @@ from evospec.stats import SpecStats
 Prompt = str | Sequence[Mapping[str, str]]
 
 
+def build_engine(
+    target: LoadedModel,
+    drafters: Sequence[Drafter],
+    draft_length: DraftLength | None = None,
+    selector: Selector | None = None,
+    learners: Sequence[OnlineLearner] = (),
+    forward_cost: ForwardCost | None = None,
+) -> Engine:
+    """An engine on a new session of target; the target returns hidden states only when a drafter or
+    a learner reads them, since they cost a copy per verified position."""
+    reads_hidden = any(listener.needs_hidden_states for listener in (*drafters, *learners))
+    return Engine(
+        target.new_lm(hidden_states=reads_hidden), drafters, eos_token_ids(target), context_length(target),
+        draft_length, selector, learners, forward_cost,
+    )
+
+
 class TextStream:
     """One generation as an iterator of text pieces. Once iterated to the end, `text`, `token_ids`,
     `finish_reason` ("stop": EOS or a stop string; "length": max_new_tokens or the context) and
@@ -66,23 +83,12 @@ class TextStream:
 
 
 class TextGenerator:
-    """A loaded target and its drafters (none: plain decoding) behind a text interface."""
+    """A loaded target and an engine on it (build_engine) behind a text interface."""
 
-    def __init__(
-        self,
-        target: LoadedModel,
-        drafters: Sequence[Drafter],
-        draft_length: DraftLength | None = None,
-        selector: Selector | None = None,
-        learners: Sequence[OnlineLearner] = (),
-        forward_cost: ForwardCost | None = None,
-    ) -> None:
+    def __init__(self, target: LoadedModel, engine: Engine) -> None:
         self.target = target
         self.tokenizer = target.tokenizer
-        self.engine = Engine(
-            target.new_lm(hidden_states=bool(learners) or any(d.needs_hidden_states for d in drafters)), drafters, eos_token_ids(target), context_length(target), draft_length, selector,
-            learners, forward_cost,
-        )
+        self.engine = engine
 
     def stream(self, prompt: Prompt, config: GenerationConfig, chat: bool = False) -> TextStream:
         """Start a generation (the prompt as encode_prompt takes it); iterate the result for text pieces."""

@@ -58,7 +58,7 @@ def test_bad_settings_fail_before_loading_anything(capsys, argv, message):
         (["generate", "hi", "--target", SMOL, "--drafter", "ngram", "--drafter", "suffix", "--selector", "nope"],
          "unknown selector"),
         (["generate", "hi", "--target", SMOL, "--drafter", "ngram", "--drafter", "ngram"], "must differ"),
-        (["generate", "hi", "--target", SMOL, "--drafter", "ngram", "--learner", "ogd"], "trains eagle or hydra"),
+        (["generate", "hi", "--target", SMOL, "--drafter", "ngram", "--learner", "ogd"], "trains eagle, hydra or lora"),
         (["generate", "hi", "--target", SMOL, "--drafter", "eagle:/no/such/dir"], "not a drafter checkpoint"),
     ],
 )

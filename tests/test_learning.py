@@ -7,14 +7,17 @@ import json
 import pytest
 import torch
 
-from conftest import TINY_VOCAB, random_prompts, reference_greedy
-from evospec.config import GenerationConfig
+from conftest import TINY_VOCAB, random_prompts, reference_greedy, tiny_model
+from evospec.config import GenerationConfig, SamplingConfig
+from evospec.drafters import SmallLMDrafter
+from evospec.drafters.adapted_lm import AdaptedLMDrafter
 from evospec.drafters.registry import WHITE_BOX_KINDS, new_white_box_drafter
 from evospec.drafters.whitebox import WhiteBoxConfig
 from evospec.engine import Engine
 from evospec.errors import EvospecError
 from evospec.learning import LEARNERS, FeedbackBuffer, LearnerConfig, build_learner
 from evospec.models.loading import LoadedModel
+from evospec.sampling import Sampler
 from evospec.stats import SpecStats
 from evospec.target import CachedLM
 from evospec.types import RoundFeedback
@@ -25,6 +28,11 @@ HIDDEN = 64  # tiny_model's
 def white_box(kind: str, target: LoadedModel, seed: int = 0):
     torch.manual_seed(seed)
     return new_white_box_drafter(kind, target, config=WhiteBoxConfig(kind, HIDDEN, head_vocab=80, intermediate_size=96))
+
+
+def adapted_lm(target: LoadedModel, noise: float = 0.6) -> AdaptedLMDrafter:
+    """A small LM with adapters: the tiny target's weights jittered (a fresh model: adapters go into it)."""
+    return AdaptedLMDrafter(tiny_model(seed=1, noise=noise, base=target.model), "lora:tiny")
 
 
 def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int = 32, k: int = 3) -> tuple[list[list[int]], list[SpecStats]]:
@@ -72,6 +80,48 @@ def test_the_ensemble_moves_its_weight_to_the_best_learning_rate(sharp_target):
     assert int(weights.argmax()) == 2 and float(weights[2]) > 0.6, weights
 
 
+class NoHiddenLM(CachedLM):
+    """A target session that refuses to return hidden states."""
+
+    def forward_with_hidden(self, token_ids, num_logits=0):
+        raise AssertionError("hidden states were asked for")
+
+
+@pytest.mark.parametrize("learner", LEARNERS)
+def test_greedy_output_is_plain_decoding_while_a_small_lm_learns(sharp_target, learner):
+    """OSD's setting: the small LM's adapters learn from the target's distributions; the target is
+    never asked for hidden states, since the small LM does not read them."""
+    drafter = adapted_lm(sharp_target)
+    trainer = build_learner(learner, drafter, LearnerConfig(every=4, batch_rows=64, lr=0.5))
+    engine = Engine(NoHiddenLM(sharp_target.model), [drafter], frozenset(), 256, learners=[trainer])
+    prompts = random_prompts(3, seed=5)
+    outputs, _ = run(engine, prompts)
+    assert outputs == [reference_greedy(sharp_target.model, prompt, 32) for prompt in prompts]
+    assert trainer.stats.steps > 0 and drafter.version == trainer.stats.steps
+
+
+def test_untrained_adapters_draft_what_the_plain_small_lm_drafts(sharp_target):
+    plain = SmallLMDrafter(CachedLM(tiny_model(seed=1, noise=0.6, base=sharp_target.model)), "plain")
+    adapted = adapted_lm(sharp_target)
+    for prompt in random_prompts(3, seed=7):
+        for drafter in (plain, adapted):
+            drafter.begin(prompt)
+        greedy = Sampler(SamplingConfig())
+        assert torch.equal(plain.propose(prompt, 4, greedy).tokens, adapted.propose(prompt, 4, greedy).tokens)
+
+
+def test_a_small_lm_learns_the_target_online(sharp_target):
+    drafter = adapted_lm(sharp_target)
+    learner = build_learner("ogd", drafter, LearnerConfig(every=4, batch_rows=128, lr=0.5))
+    engine = Engine(CachedLM(sharp_target.model), [drafter], frozenset(), 256, learners=[learner])
+    _, stats = run(engine, random_prompts(4) * 3, max_new_tokens=48)
+    losses = learner.stats.losses
+    assert sum(losses[-5:]) / 5 < 0.9 * sum(losses[:5]) / 5
+    first = sum(s.num_accepted_tokens for s in stats[:4]) / sum(s.num_draft_tokens for s in stats[:4])
+    last = sum(s.num_accepted_tokens for s in stats[-4:]) / sum(s.num_draft_tokens for s in stats[-4:])
+    assert last > first + 0.1
+
+
 def feedback(request: int, position: int, rows: int, hidden: float = 0.0) -> RoundFeedback:
     return RoundFeedback(
         request=request, drafter="eagle", position=position, tokens=torch.arange(rows) % TINY_VOCAB,
@@ -91,6 +141,25 @@ def test_the_buffer_stays_bounded_on_an_endless_stream():
     assert all(trace.hidden.shape == (trace.length, HIDDEN) for trace in traces)
 
 
+def test_traces_come_with_the_tokens_of_their_request_before_them():
+    def round_(request: int, position: int, tokens: list[int], rows: int) -> RoundFeedback:
+        return RoundFeedback(
+            request=request, drafter=None, position=position, tokens=torch.tensor(tokens), drafted=torch.arange(rows - 1),
+            num_accepted=rows - 1, hidden=None, top_ids=torch.zeros(rows, 16, dtype=torch.long), top_probs=torch.ones(rows, 16) / 16,
+        )
+
+    buffer = FeedbackBuffer(capacity=6)
+    buffer.add(round_(0, 0, [5, 6, 7, 8], rows=1))  # the prefill: p at the last prompt token only
+    buffer.add(round_(0, 4, [9, 10, 11], rows=3))  # the pending token and two accepted drafts
+    (trace,) = buffer.recent(6)
+    assert trace.prefix.tolist() == [5, 6, 7] and trace.tokens.tolist() == [8, 9, 10, 11]
+    buffer.add(round_(1, 0, [1, 2], rows=1))
+    buffer.add(round_(1, 2, [3, 4], rows=2))  # 7 rows: request 0's oldest goes
+    old, new = buffer.recent(6)
+    assert (old.prefix.tolist(), old.tokens.tolist()) == ([5, 6, 7, 8], [9, 10, 11])
+    assert (new.prefix.tolist(), new.tokens.tolist()) == ([1], [2, 3, 4])
+
+
 def test_learner_reports_its_memory(sharp_target):
     drafter = white_box("eagle", sharp_target)
     learner = build_learner("ensemble", drafter, LearnerConfig(buffer_rows=64, batch_rows=32))
@@ -108,6 +177,34 @@ def test_a_non_finite_loss_skips_the_step_and_keeps_the_weights(sharp_target):
     learner.observe(feedback(request=0, position=0, rows=4, hidden=float("nan")))
     assert learner.stats.skipped == 1 and learner.stats.steps == 0 and drafter.version == 0
     assert all(torch.equal(before[key], value) for key, value in drafter.module.state_dict().items())
+
+
+@pytest.mark.parametrize("kind", ["eagle", "lora"])
+@pytest.mark.parametrize("name", LEARNERS)
+def test_a_restored_learner_goes_on_exactly_as_the_saved_one(sharp_target, name, kind):
+    """Weights, optimizer state (the optimistic hint, the ensemble's copies and losses) and counters
+    survive the round trip through tensors and JSON that the server's state store makes."""
+    config = LearnerConfig(every=4, batch_rows=12)  # 4 rounds of 3 rows: each step sees only the newest rows
+
+    def rounds(learner, request: int, count: int) -> None:  # a request from its first position on
+        for round_ in range(count):
+            learner.observe(feedback(request=request, position=3 * round_, rows=3, hidden=0.1 * (round_ % 7)))
+
+    def drafter(seed: int):
+        torch.manual_seed(seed)
+        return adapted_lm(sharp_target) if kind == "lora" else white_box(kind, sharp_target, seed)
+
+    saved = build_learner(name, drafter(seed=0), config)
+    rounds(saved, request=0, count=12)
+    restored = build_learner(name, drafter(seed=1), config)
+    restored.load_state(saved.state_tensors(), json.loads(json.dumps(saved.state_meta())))
+    counters = ("steps", "skipped", "rollbacks", "learn_s")  # the history of losses stays with the process
+    assert [getattr(restored.stats, name) for name in counters] == [getattr(saved.stats, name) for name in counters]
+    assert restored.drafter.version == saved.drafter.version == 3
+    for learner in (saved, restored):  # a new request, as after a restart
+        rounds(learner, request=1, count=8)
+    after = restored.drafter.module.state_dict()
+    assert all(torch.equal(after[key], value) for key, value in saved.drafter.module.state_dict().items())
 
 
 def test_the_guard_rolls_back_when_acceptance_falls(sharp_target):

@@ -9,7 +9,7 @@ import torch
 from evospec.config import GenerationConfig
 from evospec.drafters import NgramDrafter, SmallLMDrafter
 from evospec.engine import Engine
-from evospec.generation import TextGenerator, encode_prompt
+from evospec.generation import TextGenerator, build_engine, encode_prompt
 from evospec.models.loading import eos_token_ids, load_model
 from evospec.stats import SpecStats
 
@@ -58,7 +58,7 @@ def test_loads_the_gguf_file_directly(smollm):
 @pytest.mark.parametrize("drafter_kind", ["none", "ngram", "self"])
 def test_greedy_equals_llamacpp_greedy(smollm, expected, drafter_kind, k):
     drafter = {"none": None, "ngram": NgramDrafter(), "self": SmallLMDrafter(smollm.new_lm(), "self")}[drafter_kind]
-    generator = TextGenerator(smollm, [drafter] if drafter else [])
+    generator = TextGenerator(smollm, build_engine(smollm, [drafter] if drafter else []))
     config = GenerationConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=k)
     for prompt in PROMPTS:
         result = generator.generate(prompt, config, chat=True)

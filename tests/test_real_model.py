@@ -6,7 +6,7 @@ import pytest
 
 from evospec.config import GenerationConfig
 from evospec.drafters import NgramDrafter, SmallLMDrafter
-from evospec.generation import TextGenerator, encode_prompt
+from evospec.generation import TextGenerator, build_engine, encode_prompt
 from evospec.models.loading import eos_token_ids, load_model
 from evospec.target import CachedLM
 
@@ -42,7 +42,7 @@ def expected(smollm) -> dict[str, list[int]]:
 @pytest.mark.parametrize("drafter_kind", ["none", "ngram", "self"])
 def test_greedy_equals_plain_decoding(smollm, expected, drafter_kind, k):
     drafter = {"none": None, "ngram": NgramDrafter(), "self": SmallLMDrafter(CachedLM(smollm.model), "self")}[drafter_kind]
-    generator = TextGenerator(smollm, [drafter] if drafter else [])
+    generator = TextGenerator(smollm, build_engine(smollm, [drafter] if drafter else []))
     config = GenerationConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=k)
     for prompt in PROMPTS:
         result = generator.generate(prompt, config, chat=True)
@@ -52,7 +52,7 @@ def test_greedy_equals_plain_decoding(smollm, expected, drafter_kind, k):
 
 
 def test_streamed_text_is_the_decoded_ids_and_stops_before_a_stop_string(smollm):
-    generator = TextGenerator(smollm, [NgramDrafter()])
+    generator = TextGenerator(smollm, build_engine(smollm, [NgramDrafter()]))
     prompt = PROMPTS[-1]
     full = generator.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW), chat=True)
     assert full.text == smollm.tokenizer.decode(full.token_ids, skip_special_tokens=True)
@@ -64,6 +64,6 @@ def test_streamed_text_is_the_decoded_ids_and_stops_before_a_stop_string(smollm)
 
 
 def test_finish_reason_length(smollm):
-    result = TextGenerator(smollm, []).generate(PROMPTS[0], GenerationConfig(max_new_tokens=5), chat=True)
+    result = TextGenerator(smollm, build_engine(smollm, [])).generate(PROMPTS[0], GenerationConfig(max_new_tokens=5), chat=True)
     assert result.finish_reason == "length" and len(result.token_ids) == 5
     assert result.stats.tau == 1.0 and result.stats.acceptance_rate is None

@@ -107,11 +107,27 @@ def test_ucb_concentrates_on_the_best_arm_with_logarithmic_regret():
     assert curve[3999] < 8 * sum(math.log(4000) / (0.8 - m) for m in (0.3, 0.5))
 
 
-@pytest.mark.parametrize("name", ["exp3", "thompson", "egreedy", "ucb-be"])
+@pytest.mark.parametrize("name", ["exp3", "thompson", "egreedy", "ucb-be", "thompson-speed"])
 def test_every_bandit_prefers_the_best_arm(name):
     selector = build_selector(name, ["a", "b", "c"], SelectorConfig(seed=1))
     bernoulli_bandit(selector, [0.2, 0.4, 0.9], rounds=3000, seed=2)
     assert max(selector.pulls, key=selector.pulls.get) == "c"
+
+
+def test_gaussian_thompson_concentrates_where_rewards_differ_by_hundredths_and_ucb_does_not():
+    """Round-speed rewards: means 0.50, 0.53, 0.47 with spread 0.05. UCB's bonus is scaled for rewards
+    anywhere in [0, 1] and keeps pulling every arm; Thompson sampling with each arm's own spread does not."""
+    def best_arm_share(name: str, seed: int) -> float:
+        selector, rng = build_selector(name, ["a", "b", "c"], SelectorConfig(seed=seed)), random.Random(seed)
+        for _ in range(2000):
+            arm = selector.select()
+            mean = {"a": 0.50, "b": 0.53, "c": 0.47}[arm]
+            selector.update(arm, min(1.0, max(0.0, rng.gauss(mean, 0.05))))
+        return selector.pulls["b"] / 2000
+
+    for seed in range(3):
+        assert best_arm_share("thompson-speed", seed) > 0.9
+        assert best_arm_share("ucb-speed", seed) < 0.6
 
 
 def test_discounting_follows_a_switch_of_the_best_arm():
@@ -152,7 +168,7 @@ def test_bad_selector_specs_are_clear_errors(spec, message):
 
 
 def test_the_registry_lists_the_issues_selectors():
-    assert set(SELECTORS) == {"ucb-bd", "ucb-be", "ucb-speed", "exp3", "thompson", "egreedy", "round-robin", "fixed"}
+    assert set(SELECTORS) == {"ucb-bd", "ucb-be", "ucb-speed", "exp3", "thompson", "thompson-speed", "egreedy", "round-robin", "fixed"}
 
 
 @pytest.mark.parametrize("name", sorted(set(SELECTORS) - {"fixed"}) + ["fixed:b"])

@@ -27,7 +27,7 @@ from conftest import TINY_VOCAB, tiny_model, word_tokenizer
 from evospec.cli import main
 from evospec.config import GenerationConfig
 from evospec.drafters.registry import build_drafter
-from evospec.generation import TextGenerator
+from evospec.generation import TextGenerator, build_engine
 from evospec.models.loading import load_model
 from evospec.selection import build_selector
 from evospec.serve.app import create_app
@@ -87,7 +87,7 @@ def expected(model_dir) -> dict[str, dict]:
 def load_served(model_dir: str) -> Served:
     target = load_model(model_dir, "fp32", "hf")
     drafters = [build_drafter(spec, target, "fp32") for spec in ("ngram", "suffix")]
-    return Served(TextGenerator(target, drafters, selector=build_selector("ucb-bd", [d.name for d in drafters])))
+    return Served(TextGenerator(target, build_engine(target, drafters, selector=build_selector("ucb-bd", [d.name for d in drafters]))))
 
 
 def wait_for(url: str, statuses: tuple[int, ...], timeout_s: float = 60.0) -> None:

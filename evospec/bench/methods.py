@@ -20,6 +20,7 @@ from evospec.drafters import Drafter, NgramDrafter, SmallLMDrafter, SuffixDrafte
 from evospec.drafters.registry import new_white_box_drafter
 from evospec.drafters.whitebox import checkpoint_kind
 from evospec.engine import Engine
+from evospec.generation import build_engine
 from evospec.learning import LEARNERS, LearnerConfig, build_learner
 from evospec.errors import EvospecError
 from evospec.models.llamacpp import default_threads
@@ -141,16 +142,12 @@ def build_methods(
     """Methods by name: evospec:<drafter> (draft_model, ngram or suffix), select:<selector> over all of
     them, the white-box checkpoint's drafter frozen and with each learner (each method its own copy),
     and the baselines of the target's backend."""
-    window = context_length(target)
-    eos = eos_token_ids(target)
-
     def engine(drafters: list[Drafter], adaptive: bool = False, selector: str | None = None,
                learner: str | None = None) -> Engine:
         arms = build_selector(selector, [d.name for d in drafters]) if selector else None
         cost, draft_length = timing(target, num_speculative_tokens, adaptive, arms)
         learners = [build_learner(learner, drafters[0], learning)] if learner else []
-        reads_hidden = bool(learners) or any(d.needs_hidden_states for d in drafters)
-        return Engine(target.new_lm(hidden_states=reads_hidden), drafters, eos, window, draft_length, arms, learners, cost)
+        return build_engine(target, drafters, draft_length, arms, learners, cost)
 
     def small_lm() -> list[Drafter]:
         return [SmallLMDrafter(draft_model.new_lm(), draft_model.name)] if draft_model else []

@@ -2,7 +2,8 @@
 
 A drafter spec reads KIND or KIND:ARG (e.g. `ngram`, `lm:qwen2.5-coder-0.5b-instruct`, `eagle:CHECKPOINT`);
 a spec that names no registered kind is taken as a model for the small-LM drafter
-(`qwen2.5-coder-0.5b-instruct`). `eagle` and `hydra` without a checkpoint start from random weights.
+(`qwen2.5-coder-0.5b-instruct`). `eagle` and `hydra` without a checkpoint start from random weights;
+`lora:MODEL` is the small LM with adapters that the online learners train.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from evospec.drafters.adapted_lm import AdaptedLMDrafter
 from evospec.drafters.base import Drafter
 from evospec.drafters.eagle import EagleDrafter
 from evospec.drafters.hydra import HydraDrafter
@@ -39,12 +41,11 @@ def _build_ngram(arg: str | None, target: LoadedModel, dtype: str | None) -> Dra
     return NgramDrafter()
 
 
-def _build_small_lm(arg: str | None, target: LoadedModel, dtype: str | None) -> Drafter:
+def _small_lm_model(arg: str | None, target: LoadedModel, dtype: str | None, backend: str) -> LoadedModel:
+    """The small LM `arg` names, loaded on backend, checked to share the target's vocabulary."""
     if not arg:
-        raise EvospecError("the lm drafter needs a model: lm:ALIAS, lm:PATH or lm:HF_ID")
-    # The target's backend where it can run the drafter; llama.cpp runs only GGUF files and zoo aliases.
-    same_backend = target.backend == "hf" or default_backend(arg) == target.backend
-    drafter_model = load_model(arg, dtype if same_backend else None, target.backend if same_backend else "hf")
+        raise EvospecError("a small-LM drafter needs a model: lm:ALIAS (or lora:ALIAS), a path or an HF id")
+    drafter_model = load_model(arg, dtype, backend)
     if not same_tokenizer(drafter_model.tokenizer, target.tokenizer):
         raise EvospecError(
             f"drafter '{drafter_model.name}' uses another tokenizer than target '{target.name}'; "
@@ -55,7 +56,20 @@ def _build_small_lm(arg: str | None, target: LoadedModel, dtype: str | None) -> 
             f"drafter '{drafter_model.name}' has {vocab_size(drafter_model)} output logits, "
             f"target '{target.name}' has {vocab_size(target)}"
         )
+    return drafter_model
+
+
+def _build_small_lm(arg: str | None, target: LoadedModel, dtype: str | None) -> Drafter:
+    # The target's backend where it can run the drafter; llama.cpp runs only GGUF files and zoo aliases.
+    same_backend = target.backend == "hf" or (arg is not None and default_backend(arg) == target.backend)
+    drafter_model = _small_lm_model(arg, target, dtype if same_backend else None, target.backend if same_backend else "hf")
     return SmallLMDrafter(drafter_model.new_lm(), name=drafter_model.name)
+
+
+def _build_adapted_lm(arg: str | None, target: LoadedModel, dtype: str | None) -> Drafter:
+    # Adapters train through PyTorch: the drafter runs on the hf backend, whatever the target's.
+    drafter_model = _small_lm_model(arg, target, dtype if target.backend == "hf" else None, "hf")
+    return AdaptedLMDrafter(drafter_model.model, name=f"lora:{drafter_model.name}")
 
 
 def _build_suffix(arg: str | None, target: LoadedModel, dtype: str | None) -> Drafter:
@@ -100,6 +114,7 @@ DRAFTERS: dict[str, Callable[[str | None, LoadedModel, str | None], Drafter]] = 
     "ngram": _build_ngram,
     "suffix": _build_suffix,
     "lm": _build_small_lm,
+    "lora": _build_adapted_lm,
     **{kind: _white_box_builder(kind) for kind in WHITE_BOX_KINDS},
 }
 

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from evospec.errors import EvospecError
+from evospec.files import save_tensors_atomically, write_atomically
 from evospec.models.loading import LoadedModel, vocab_size
 from evospec.models.llamacpp import LlamaCppModel
 from evospec.sampling import Sampler
@@ -162,15 +163,7 @@ class WhiteBoxDrafter:
             "target_vocab_size": self.tokens.vocab_size, "config": asdict(self.config),
             "drafter_version": self.version, **(extra or {}),
         }
-        (directory / "drafter.json.tmp").write_text(json.dumps(meta, indent=2) + "\n")
-        (directory / "drafter.json.tmp").replace(directory / "drafter.json")
-
-
-def save_tensors_atomically(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
-    """Write a safetensors file beside path, then rename it over path: a reader never sees half a file."""
-    temporary = path.with_name(path.name + ".tmp")
-    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, temporary, metadata=metadata)
-    temporary.replace(path)
+        write_atomically(directory / "drafter.json", json.dumps(meta, indent=2) + "\n")
 
 
 def load_weights(module: torch.nn.Module, state: dict, strict: bool = True) -> None:

@@ -3,6 +3,8 @@
 Rounds arrive as RoundFeedback; the buffer keeps their rows (one per verified context position that
 has the target's next-token distribution) in context order, so that consecutive rows of one request
 form a trace a drafter can be trained on as a sequence. The oldest rows go first when it is full.
+It also keeps the token ids of every request that still has rows, so that a trace comes with the
+context before it (a small LM reads it; white-box drafters read the target's features instead).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class Trace:
     """Consecutive context positions of one request, with what the target said at each."""
 
     tokens: torch.Tensor  # [T] int64 the token at each position
+    prefix: torch.Tensor  # [P] int64 the request's tokens before the first position
     hidden: torch.Tensor | None  # [T, H] float32 the target's final hidden state there
     top_ids: torch.Tensor  # [T, K] int64 the target's most likely next tokens
     top_probs: torch.Tensor  # [T, K] float32 their probabilities
@@ -49,6 +52,7 @@ class FeedbackBuffer:
             raise ValueError(f"a feedback buffer needs room for at least 2 rows, got {capacity}")
         self.capacity = capacity
         self._rows: deque[_Row] = deque(maxlen=capacity)
+        self._request_tokens: dict[int, list[int]] = {}  # by request: its token ids so far
         self.rows_added = 0  # ever, including the ones dropped since
 
     def __len__(self) -> int:
@@ -58,6 +62,9 @@ class FeedbackBuffer:
         """Keep the rows of one round (the last rows of its tokens: those the target's distribution came with)."""
         rows = feedback.top_ids.shape[0]
         first = feedback.tokens.numel() - rows
+        tokens = self._request_tokens.setdefault(feedback.request, [])
+        del tokens[feedback.position:]
+        tokens.extend(feedback.tokens.tolist())
         for row in range(rows):
             self._rows.append(_Row(
                 request=feedback.request,
@@ -69,6 +76,9 @@ class FeedbackBuffer:
                 rejected=feedback.rejected and row == rows - 1,
             ))
         self.rows_added += rows
+        oldest = self._rows[0].request
+        for request in [request for request in self._request_tokens if request < oldest]:
+            del self._request_tokens[request]
 
     def recent(self, rows: int) -> list[Trace]:
         """The newest `rows` rows (at most), cut into traces of consecutive positions of one request."""
@@ -76,22 +86,25 @@ class FeedbackBuffer:
         traces, start = [], 0
         for i in range(1, len(picked) + 1):
             if i == len(picked) or (picked[i].request, picked[i].position) != (picked[i - 1].request, picked[i - 1].position + 1):
-                traces.append(_trace(picked[start:i]))
+                rows_of_trace = picked[start:i]
+                first = rows_of_trace[0]
+                traces.append(_trace(rows_of_trace, self._request_tokens[first.request][: first.position]))
                 start = i
         return traces
 
     def nbytes(self) -> int:
-        """Memory held by the rows' tensors."""
+        """Memory held by the rows' tensors (the requests' token ids, a few bytes per row, aside)."""
         return sum(
             row.top_ids.nbytes + row.top_probs.nbytes + (row.hidden.nbytes if row.hidden is not None else 0)
             for row in self._rows
         )
 
 
-def _trace(rows: list[_Row]) -> Trace:
+def _trace(rows: list[_Row], prefix: list[int]) -> Trace:
     has_hidden = rows[0].hidden is not None
     return Trace(
         tokens=torch.tensor([row.token for row in rows], dtype=torch.long),
+        prefix=torch.tensor(prefix, dtype=torch.long),
         hidden=torch.stack([row.hidden for row in rows]) if has_hidden else None,
         top_ids=torch.stack([row.top_ids for row in rows]),
         top_probs=torch.stack([row.top_probs for row in rows]),

@@ -33,10 +33,11 @@ from tqdm.auto import tqdm
 
 from evospec.config import DistillConfig, GenerationConfig
 from evospec.drafters.registry import WHITE_BOX_KINDS, new_white_box_drafter
-from evospec.drafters.whitebox import ReducedVocab, WhiteBoxConfig, WhiteBoxDrafter, save_tensors_atomically
-from evospec.engine import FEEDBACK_TOP_K, Engine
+from evospec.drafters.whitebox import ReducedVocab, WhiteBoxConfig, WhiteBoxDrafter
+from evospec.files import save_tensors_atomically
+from evospec.engine import FEEDBACK_TOP_K
 from evospec.errors import EvospecError
-from evospec.generation import encode_prompt
+from evospec.generation import build_engine, encode_prompt
 from evospec.learning.buffer import Trace
 from evospec.learning.losses import LossConfig, drafter_loss
 from evospec.models.loading import LoadedModel, context_length, eos_token_ids, hidden_size, vocab_size
@@ -64,7 +65,8 @@ class Sample:
     def trace(self, start: int, end: int) -> Trace:
         """Positions start..end-1 as a training trace."""
         return Trace(
-            tokens=self.tokens[start:end], hidden=self.hidden[start:end].float(), top_ids=self.top_ids[start:end],
+            tokens=self.tokens[start:end], prefix=self.tokens[:start], hidden=self.hidden[start:end].float(),
+            top_ids=self.top_ids[start:end],
             top_probs=self.top_probs[start:end], rejected=torch.zeros(end - start, dtype=torch.bool),
         )
 
@@ -230,7 +232,7 @@ def collect(target: LoadedModel, prompts: list[str], directory: Path, config: Di
     """The target's greedy answer to each prompt (chat template when it has one) and what it says at
     every position of prompt + answer; cached in directory, one file per prompt, so none is answered twice."""
     cache = _TraceCache(directory, target, config.max_new_tokens)
-    engine = Engine(target.new_lm(), [], eos_token_ids(target), context_length(target))
+    engine = build_engine(target, [])
     lm = target.new_lm(hidden_states=True)
     chat = bool(target.tokenizer.chat_template)
     samples, collected, reused = [], 0, 0

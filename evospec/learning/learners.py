@@ -1,4 +1,5 @@
-"""Online learners: they turn each round's feedback into updates of a white-box drafter while it serves.
+"""Online learners: they turn each round's feedback into updates of a drafter while it serves (a
+white-box drafter, or the adapters of a small LM).
 
 OGD (OnlineSPEC's Online-LR), optimistic OGD (Opt-Hydra: the previous gradient is the hint for the
 next, w <- w - lr * (2 g_t - g_{t-1}); or its momentum form) and an online ensemble of learning rates
@@ -65,6 +66,7 @@ class LearnableDrafter(Protocol):
 
     name: str
     learnable: bool  # False: not a drafter a learner can train
+    needs_hidden_states: bool  # True: it reads the target's features (white-box), so its traces must carry them
     module: torch.nn.Module
     version: int  # learning steps applied
 
@@ -144,7 +146,10 @@ class OnlineLearner:
         self._rounds = 0
         self._requests = 0
 
-    needs_hidden_states = True  # the drafters it trains read them
+    @property
+    def needs_hidden_states(self) -> bool:
+        """Whether its feedback must carry the target's hidden states: when its drafter reads them."""
+        return self.drafter.needs_hidden_states
 
     def begin_request(self) -> None:
         """A request starts (the schedule counts requests)."""
@@ -219,6 +224,9 @@ class OnlineLearner:
         self._load_optimizer_tensors({k.removeprefix("optimizer."): v for k, v in tensors.items() if k.startswith("optimizer.")})
         self.drafter.version = int(meta["drafter_version"])
         self.stats.steps = int(meta.get("steps", 0))
+        self.stats.skipped = int(meta.get("skipped", 0))
+        self.stats.rollbacks = int(meta.get("rollbacks", 0))
+        self.stats.learn_s = float(meta.get("learn_s", 0.0))
 
     def _optimizer_tensors(self) -> dict[str, torch.Tensor]:
         return {}
@@ -381,11 +389,11 @@ NO_LEARNER = "none"
 
 
 def build_learner(name: str, drafter: LearnableDrafter, config: LearnerConfig) -> OnlineLearner | None:
-    """The learner `name` (one of LEARNERS, or 'none') for a white-box drafter."""
+    """The learner `name` (one of LEARNERS, or 'none') for a learnable drafter (white-box, or a small LM with adapters)."""
     if name == NO_LEARNER:
         return None
     if name not in LEARNERS:
         raise EvospecError(f"unknown learner {name!r}; choose one of {NO_LEARNER}, {', '.join(LEARNERS)}")
     if not drafter.learnable:
-        raise EvospecError(f"drafter '{drafter.name}' cannot learn on line; learners train eagle and hydra drafters")
+        raise EvospecError(f"drafter '{drafter.name}' cannot learn on line; learners train eagle, hydra and lora:MODEL drafters")
     return LEARNERS[name](drafter, config)

@@ -26,6 +26,7 @@ import torch
 from safetensors import SafetensorError
 
 from evospec.errors import EvospecError
+from evospec.files import write_atomically
 from evospec.selection import Selector
 
 log = logging.getLogger(__name__)
@@ -96,13 +97,13 @@ class StateStore:
         folder = self.directory / f"{sequence:08d}"
         folder.mkdir(parents=True)
         for filename, data in files.items():
-            _write_durably(folder / filename, data)
+            write_atomically(folder / filename, data, durable=True)
             time.sleep(self._delay_s)
         manifest = {
             "format": FORMAT, "sequence": sequence, "drafter_version": drafter_version, "saved_at": time.time(),
             "components": sorted(components), "sha256": {name: _sha256(data) for name, data in files.items()},
         }
-        _write_durably(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
+        write_atomically(folder / MANIFEST, json.dumps(manifest, indent=1), durable=True)
         complete = [path for _, path in earlier if (path / MANIFEST).exists()]
         kept = complete[len(complete) - self.keep + 1:] if self.keep > 1 else []
         for _, old in earlier:
@@ -157,21 +158,6 @@ def _read_save(folder: Path) -> tuple[dict[str, Any], dict[str, tuple[dict[str, 
         for name in manifest["components"]
     }
     return manifest, states
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside path, fsync it, rename it into place and fsync the directory."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
 
 
 def _sha256(data: bytes) -> str:
