@@ -2,14 +2,18 @@
 
 The target answers a Spec-Bench stream once (greedy); what it said at every position is cached (the
 traces of `evospec train-drafter`). Then each learner setting replays the stream: positions come in
-order, a few at a time; the drafter first predicts each position's next token from the target's features
-(teacher-forced: exactly what its first drafted token of a round sees), and then the learner receives
-the rows as serving feedback (RoundFeedback, one row per round) and steps on its own schedule.
-Agreement with the target's choice, measured before learning from it, is first-token acceptance under
-greedy decoding. Seconds of compute, no timing noise: a way to compare learner settings quickly.
+order, a few at a time; the drafter first predicts each position's next token (teacher-forced: a
+white-box drafter from the target's features, a small LM from the tokens before it: exactly what its
+first drafted token of a round sees), and then the learner receives the rows as serving feedback
+(RoundFeedback, one row per round) and steps on its own schedule. A learner that steps only between
+requests sees a whole answer predicted with the same weights. Agreement with the target's choice,
+measured before learning from it, is first-token acceptance under greedy decoding. Minutes of compute,
+no timing noise: a way to compare learner settings quickly.
 
     python benchmarks/learning_replay.py --white-box CKPT --traces DIR --setting none --setting ogd \\
         --setting ogd:every=8 --setting ensemble --out benchmarks/learning-replay-1.5b
+    python benchmarks/learning_replay.py --small-lm qwen2.5-coder-0.5b-instruct --traces DIR --setting none \\
+        --setting ogd:schedule=request,batch_rows=128 --out benchmarks/learning-replay-lora-0.5b
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from tqdm import tqdm
 
 from evospec.bench.workloads import spec_bench
 from evospec.config import DistillConfig
+from evospec.drafters.adapted_lm import AdaptedLMDrafter, AdapterConfig
 from evospec.drafters.registry import new_white_box_drafter
 from evospec.drafters.whitebox import checkpoint_kind
 from evospec.errors import EvospecError
@@ -39,7 +44,11 @@ POSITIONS_PER_STEP = 8  # positions predicted with the same weights before their
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    parser.add_argument("--white-box", required=True, type=Path, help="the warm-started drafter checkpoint")
+    drafter = parser.add_mutually_exclusive_group(required=True)
+    drafter.add_argument("--white-box", type=Path, help="a warm-started eagle or hydra checkpoint")
+    drafter.add_argument("--small-lm", help="a small LM that learns through adapters (lora:MODEL in serving), run in fp32")
+    parser.add_argument("--context-tokens", type=int, default=AdapterConfig.context_tokens,
+                        help="small LM: tokens before the answer so far that it reads, to predict and to learn")
     parser.add_argument("--traces", required=True, type=Path, help="cache of the target's answers (made if missing)")
     parser.add_argument("--per-category", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -49,7 +58,8 @@ def main() -> None:
     args = parser.parse_args()
     settings = {setting: parse_setting(setting) for setting in args.setting}  # bad ones fail before any loading
     try:
-        kind = checkpoint_kind(args.white_box)
+        kind = checkpoint_kind(args.white_box) if args.white_box else None
+        adapters = AdapterConfig(context_tokens=args.context_tokens)
     except EvospecError as error:
         raise SystemExit(str(error)) from error
     torch.set_num_threads(2)
@@ -60,7 +70,11 @@ def main() -> None:
     categories = [prompt.category for prompt in prompts]
     methods = {}
     for setting, (name, config) in settings.items():
-        drafter = new_white_box_drafter(kind, target, args.white_box)
+        if kind:
+            drafter = new_white_box_drafter(kind, target, args.white_box)
+        else:  # a fresh copy each time: the adapters go into the model's own modules
+            small_lm = load_model(args.small_lm, "fp32", "hf")
+            drafter = AdaptedLMDrafter(small_lm.model, f"lora:{small_lm.name}", adapters)
         learner = build_learner(name, drafter, config)
         hits = replay(drafter, learner, samples, desc=setting)
         methods[setting] = {
@@ -70,7 +84,7 @@ def main() -> None:
         }
         print(f"{setting}: agreement {methods[setting]['agreement']:.3f}", flush=True)
     results = {"command": "python benchmarks/learning_replay.py " + " ".join(sys.argv[1:]), "target": args.target,
-               "drafter": str(args.white_box), "stream": "domain-shift", "prompts": len(samples),
+               "drafter": str(args.white_box) if kind else f"lora:{args.small_lm}", "stream": "domain-shift", "prompts": len(samples),
                "max_new_tokens": args.max_new_tokens, "methods": methods}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -98,14 +112,25 @@ def parse_setting(setting: str) -> tuple[str, LearnerConfig]:
 def replay(drafter, learner, samples: list[Sample], desc: str) -> list[list[float]]:
     """Per sample, whether the drafter's first-token prediction at each answer position was the target's choice."""
     hits = []
+    target_id_of_row = torch.zeros(int(drafter.row_of.max()) + 1, dtype=torch.long)
+    known = torch.nonzero(drafter.row_of >= 0).squeeze(1)
+    target_id_of_row[drafter.row_of[known]] = known
+    learns_in_requests = learner is not None and learner.config.schedule == "rounds"
     for request, sample in enumerate(tqdm(samples, desc=desc, unit="prompt")):
         first = sample.prompt_length  # the first answer token: the pending token of the first round
+        chunk = POSITIONS_PER_STEP if learns_in_requests else sample.tokens.numel() - first
         sample_hits = []
-        for start in range(first, sample.tokens.numel(), POSITIONS_PER_STEP):
-            end = min(start + POSITIONS_PER_STEP, sample.tokens.numel())
+        if learner:  # the prefill's feedback, as in serving: the prompt, with p at its last token
+            learner.observe(RoundFeedback(
+                request=request, position=0, drafter=None, tokens=sample.tokens[:first],
+                drafted=torch.empty(0, dtype=torch.long), num_accepted=0, hidden=sample.hidden[first - 1 : first].float(),
+                top_ids=sample.top_ids[first - 1 : first], top_probs=sample.top_probs[first - 1 : first],
+            ))
+        for start in range(first, sample.tokens.numel(), chunk):
+            end = min(start + chunk, sample.tokens.numel())
             with torch.no_grad():  # the answer so far, as the drafter's cache holds it in serving
                 outputs = drafter.training_outputs(drafter.module, sample.trace(first - 1, end))
-            predicted = drafter.vocab.ids[outputs.logits[-(end - start):].argmax(dim=-1)]
+            predicted = target_id_of_row[outputs.logits[-(end - start):].argmax(dim=-1)]
             sample_hits += (predicted == sample.top_ids[start:end, 0]).float().tolist()
             if learner:
                 for position in range(start, end):
