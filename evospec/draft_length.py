@@ -136,4 +136,3 @@ def timing(target: LoadedModel, max_k: int, adaptive: bool, selector: Selector |
     timed = adaptive or (selector is not None and selector.reward_kind == "speed")
     cost = model_forward_cost(target, max_k + 1) if timed else None
     return cost, AdaptiveDraftLength(cost) if adaptive else None
-

@@ -24,6 +24,11 @@ from evospec.verify import verify
 FEEDBACK_TOP_K = 16  # the target's most likely next tokens kept per verified position for learners
 
 
+def reads_hidden_states(drafters: Sequence[Drafter], learners: Sequence[OnlineLearner]) -> bool:
+    """Whether a drafter or a learner reads the target's hidden states: then every pass must return them."""
+    return any(listener.needs_hidden_states for listener in (*drafters, *learners))
+
+
 class Engine:
     """A target, drafters with a selector that picks one per round, and the loop that makes them speak
     as the target alone would. No drafter: plain decoding. White-box drafters and learners hear what
@@ -57,7 +62,7 @@ class Engine:
         self.draft_length = draft_length or FixedDraftLength()
         self.learners = list(learners)
         self.listeners = [*(d for d in drafters if d.needs_hidden_states), *self.learners]  # they get RoundFeedback
-        self._reads_hidden = any(listener.needs_hidden_states for listener in self.listeners)
+        self._reads_hidden = reads_hidden_states(drafters, self.learners)
         self.requests = 0
         self._hidden: torch.Tensor | None = None  # the last pass's hidden states [n, H], when listeners want them
         self._pass_s = 0.0  # seconds of the last target pass

@@ -8,7 +8,7 @@ from evospec.config import GenerationConfig
 from evospec.cost import ForwardCost
 from evospec.draft_length import DraftLength
 from evospec.drafters import Drafter
-from evospec.engine import Engine
+from evospec.engine import Engine, reads_hidden_states
 from evospec.errors import EvospecError
 from evospec.learning import OnlineLearner
 from evospec.models.loading import LoadedModel, context_length, eos_token_ids
@@ -30,9 +30,8 @@ def build_engine(
 ) -> Engine:
     """An engine on a new session of target; the target returns hidden states only when a drafter or
     a learner reads them, since they cost a copy per verified position."""
-    reads_hidden = any(listener.needs_hidden_states for listener in (*drafters, *learners))
     return Engine(
-        target.new_lm(hidden_states=reads_hidden), drafters, eos_token_ids(target), context_length(target),
+        target.new_lm(hidden_states=reads_hidden_states(drafters, learners)), drafters, eos_token_ids(target), context_length(target),
         draft_length, selector, learners, forward_cost,
     )
 

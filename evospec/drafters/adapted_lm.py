@@ -81,7 +81,7 @@ class AdaptedLMDrafter(SmallLMDrafter):
     def training_outputs(self, module: torch.nn.Module, trace: Trace) -> TrainingOutputs:
         """Teacher-forced next-token logits at every trace position, with module's adapter weights, the
         last `context_tokens` tokens before the trace as context."""
-        prefix = trace.prefix[len(trace.prefix) - min(len(trace.prefix), self.config.context_tokens):]
+        prefix = trace.prefix[max(0, len(trace.prefix) - self.config.context_tokens):]
         input_ids = torch.cat([prefix, trace.tokens])[None]
         weights = dict(zip(module.names, module.weights))
         out = functional_call(self.model, weights, args=(), kwargs={
