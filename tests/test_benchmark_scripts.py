@@ -38,3 +38,12 @@ def test_a_bad_replay_setting_exits_with_one_line(setting, message):
     replay = load_script("learning_replay")
     with pytest.raises(SystemExit, match=message):
         replay.parse_setting(setting)
+
+
+def test_a_negative_context_window_exits_before_loading_anything(monkeypatch, tmp_path):
+    replay = load_script("learning_replay")
+    argv = ["learning_replay.py", "--small-lm", "no-such-model", "--traces", str(tmp_path), "--setting", "none",
+            "--context-tokens", "-1", "--out", str(tmp_path)]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit, match="invalid adapter settings"):
+        replay.main()

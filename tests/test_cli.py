@@ -60,6 +60,7 @@ def test_bad_settings_fail_before_loading_anything(capsys, argv, message):
         (["generate", "hi", "--target", SMOL, "--drafter", "ngram", "--drafter", "ngram"], "must differ"),
         (["generate", "hi", "--target", SMOL, "--drafter", "ngram", "--learner", "ogd"], "trains eagle, hydra or lora"),
         (["generate", "hi", "--target", SMOL, "--drafter", "eagle:/no/such/dir"], "not a drafter checkpoint"),
+        (["generate", "hi", "--target", SMOL, "--drafter", "lora:"], "needs a model"),
     ],
 )
 def test_bad_input_with_a_real_model(capsys, argv, message):
@@ -83,9 +84,12 @@ def test_generate_json_plain_and_speculative_agree(capsys, backend):
     ngram = json.loads(out)
     status_eagle, out, _ = run_cli(capsys, *common, "--drafter", "eagle", "--learner", "ensemble", "--learn-every", "2")
     eagle = json.loads(out)  # a white-box drafter on the target's hidden states, learning while it drafts
-    assert status == status_ngram == status_eagle == 0
+    status_lora, out, _ = run_cli(capsys, *common, "--drafter", f"lora:{SMOL}", "--learner", "ogd", "--learn-every", "2")
+    lora = json.loads(out)  # the small LM (itself here) learning through its adapters while it drafts
+    assert status == status_ngram == status_eagle == status_lora == 0
     assert ngram["token_ids"] == plain["token_ids"] and ngram["text"] == plain["text"]
     assert eagle["token_ids"] == plain["token_ids"] and eagle["stats"]["learn_s"] > 0
+    assert lora["token_ids"] == plain["token_ids"] and lora["stats"]["learn_s"] > 0
     assert plain["stats"]["tau"] == 1.0 and ngram["stats"]["num_drafts"] > 0
 
 
