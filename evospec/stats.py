@@ -116,6 +116,12 @@ class SpecStats:
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s else 0.0
 
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """New tokens per second outside the prefill: the part of the wall time drafting can change."""
+        decode_s = self.wall_s - self.prefill_s
+        return self.new_tokens / decode_s if decode_s > 0 else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "num_drafts": self.num_drafts,
@@ -135,5 +141,6 @@ class SpecStats:
             "loop_overhead_us": self.loop_overhead_us,
             "wall_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
             "drafters": {name: arm.to_dict() for name, arm in self.drafters.items()},
         }

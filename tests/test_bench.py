@@ -13,7 +13,8 @@ from evospec.config import GenerationConfig
 from evospec.errors import EvospecError
 
 SMOL = "smollm2-135m-instruct"
-FIELDS = {"tokens_per_s", "tau", "acceptance_rate", "speedup_vs_plain", "rounds", "new_tokens", "wall_s", "learn_s"}
+FIELDS = {"tokens_per_s", "tau", "acceptance_rate", "speedup_vs_plain", "rounds", "new_tokens", "wall_s", "learn_s",
+          "decode_tokens_per_s", "decode_speedup_vs_plain"}
 
 
 def test_spec_bench_has_six_categories_and_takes_mt_bench_round_robin():
@@ -35,6 +36,7 @@ def test_bench_writes_results_in_the_agreed_shape_for_every_category(tmp_path: P
     for method in results["methods"].values():
         assert FIELDS <= set(method)
         assert len(method["per_category"]) == 6 and method["new_tokens"] > 0
+        assert 0 < method["prefill_s"] < method["wall_s"]  # the baselines' prefill is timed too
     assert results["plain_method"] == "llamacpp-plain"
     assert results["methods"]["llamacpp-plain"]["speedup_vs_plain"] == 1.0
     assert (tmp_path / "results.md").read_text().count("|") > 20
@@ -57,6 +59,7 @@ def test_the_engine_suite_has_each_backends_baselines(tmp_path: Path, backend, d
     singles = [f"evospec:{SMOL}", "evospec:ngram", "evospec:suffix"]
     assert set(results["methods"]) == {*baselines, "evospec-plain", *singles, *(f"{name}/k=auto" for name in singles)}
     assert results["stream"] == "category:qa" and all(m["new_tokens"] > 0 for m in results["methods"].values())
+    assert all(0 < m["prefill_s"] < m["wall_s"] for m in results["methods"].values())
     plain = "llamacpp-plain" if backend == "llamacpp" else "evospec-plain"
     assert results["plain_method"] == plain
 

@@ -65,11 +65,13 @@ class HFGenerateMethod:
         self.pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else self.eos[0]
 
     def run(self, prompt_ids: list[int], config: GenerationConfig) -> SpecStats:
-        forwards = 0
+        forwards, prefill_s = 0, 0.0
 
         def count(*_):
-            nonlocal forwards
+            nonlocal forwards, prefill_s
             forwards += 1
+            if forwards == 1:  # the prompt's forward (generate's set-up included, as in a time to first token)
+                prefill_s = time.perf_counter() - start
 
         hook = self.target.model.register_forward_hook(count)
         extra = {"assistant_model": self.assistant.model} if self.assistant else {}
@@ -85,7 +87,8 @@ class HFGenerateMethod:
         new_tokens = output.shape[1] - len(prompt_ids)
         return SpecStats(
             num_verifications=forwards,  # the prefill gives the first token, as in evospec
-            new_tokens=new_tokens, prompt_tokens=len(prompt_ids), wall_s=time.perf_counter() - start,
+            new_tokens=new_tokens, prompt_tokens=len(prompt_ids), prefill_s=prefill_s,
+            wall_s=time.perf_counter() - start,
         )
 
 
@@ -109,13 +112,17 @@ class LlamaCppCompletionMethod:
         )
 
     def run(self, prompt_ids: list[int], config: GenerationConfig) -> SpecStats:
-        evals = 0
+        evals, prefill_s = 0, 0.0
         eval_tokens = self.llm.eval
 
         def counted_eval(tokens):
-            nonlocal evals
+            nonlocal evals, prefill_s
             evals += 1
-            return eval_tokens(tokens)
+            eval_start = time.perf_counter()
+            result = eval_tokens(tokens)
+            if evals == 1:  # the prompt's
+                prefill_s = time.perf_counter() - eval_start
+            return result
 
         self.llm.reset()  # no prompt cache carried over from an earlier run
         self.llm.eval = counted_eval
@@ -131,7 +138,7 @@ class LlamaCppCompletionMethod:
         return SpecStats(
             num_verifications=evals,  # the prefill gives the first token, as in evospec
             new_tokens=completion["usage"]["completion_tokens"] + ended, prompt_tokens=len(prompt_ids),
-            wall_s=time.perf_counter() - start,
+            prefill_s=prefill_s, wall_s=time.perf_counter() - start,
         )
 
 
