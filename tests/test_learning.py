@@ -154,6 +154,8 @@ def test_traces_come_with_the_tokens_of_their_request_before_them():
     old, new = buffer.recent(6)
     assert (old.prefix.tolist(), old.tokens.tolist()) == ([5, 6, 7, 8], [9, 10, 11])
     assert (new.prefix.tolist(), new.tokens.tolist()) == ([1], [2, 3, 4])
+    with pytest.raises(ValueError, match="must start with its prefill"):
+        buffer.add(round_(2, 5, [7, 8], rows=2))  # a request whose first 5 tokens were never seen
 
 
 def test_learner_reports_its_memory(sharp_target):
@@ -212,9 +214,9 @@ def test_the_guard_rolls_back_when_acceptance_falls(sharp_target):
         learner.observe(feedback(request=0, position=3 * round_, rows=3))
     learner.learn()  # the guard remembers these weights, then the step changes them
     assert learner.stats.steps == 1
-    for round_ in range(8, 16):  # nothing accepted any more
+    for position in range(24, 32):  # nothing accepted any more: one verified token per round
         learner.observe(RoundFeedback(
-            request=0, drafter="eagle", position=3 * round_, tokens=torch.tensor([1]), drafted=torch.arange(3),
+            request=0, drafter="eagle", position=position, tokens=torch.tensor([1]), drafted=torch.arange(3),
             num_accepted=0, hidden=torch.zeros(1, HIDDEN), top_ids=torch.zeros(1, 16, dtype=torch.long),
             top_probs=torch.ones(1, 16) / 16,
         ))

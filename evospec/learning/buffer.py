@@ -63,6 +63,11 @@ class FeedbackBuffer:
         rows = feedback.top_ids.shape[0]
         first = feedback.tokens.numel() - rows
         tokens = self._request_tokens.setdefault(feedback.request, [])
+        if feedback.position > len(tokens):  # else traces would come with a wrong context before them
+            raise ValueError(
+                f"feedback of request {feedback.request} starts at position {feedback.position}, but only its first "
+                f"{len(tokens)} tokens were seen: a request's feedback must start with its prefill"
+            )
         del tokens[feedback.position:]
         tokens.extend(feedback.tokens.tolist())
         for row in range(rows):
