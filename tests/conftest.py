@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 TINY_VOCAB = 96
+BENCHMARK_SCRIPTS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def load_script(name: str) -> ModuleType:
+    """A script of benchmarks/ as a module (they are not part of the package)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARK_SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny_model(seed: int, noise: float = 0.0, base: LlamaForCausalLM | None = None) -> LlamaForCausalLM:

@@ -3,6 +3,7 @@ loopback, serving a tiny random model. Every greedy answer must be exactly what 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
@@ -23,7 +24,7 @@ import pytest
 import torch
 import uvicorn
 
-from conftest import TINY_VOCAB, tiny_model, word_tokenizer
+from conftest import TINY_VOCAB, load_script, tiny_model, word_tokenizer
 from evospec.cli import main
 from evospec.config import GenerationConfig
 from evospec.drafters.registry import build_drafter
@@ -299,6 +300,15 @@ def test_concurrent_streaming_clients_each_get_their_own_complete_answer(server,
     with ThreadPoolExecutor(8) as pool:
         outcomes = [ok for results in pool.map(one_client, range(8)) for ok in results]
     assert outcomes == [True] * 24
+
+
+def test_the_load_benchmark_in_small_reports_no_failures_and_its_percentiles(server):
+    """benchmarks/serve_load.py itself, 4 streaming clients x 3 requests (the issue's run: 8 x 25)."""
+    load = load_script("serve_load")
+    results = asyncio.run(load.run_load(server, MODEL, KEY, PROMPTS, clients=4, requests=3, max_tokens=MAX_NEW))
+    assert results["requests"] == 12 and results["failures"] == 0 and not results["errors"]
+    assert 0 < results["ttft_s"]["p50"] <= results["ttft_s"]["p90"] <= results["ttft_s"]["max"]
+    assert results["tokens_per_s"]["p50"] > 0 and results["aggregate_tokens_per_s"] > 0
 
 
 def test_a_client_that_leaves_stops_its_generation(server, expected):
