@@ -76,7 +76,7 @@ def test_the_replayed_target_emits_its_answers_and_charges_each_pass_its_cost(ti
     replay = load_script("policy_replay")
     prompts = random_prompts(4, seed=11)
     answers = {tuple(prompt): prompt + reference_greedy(tiny_target, prompt, 24) for prompt in prompts}
-    cost = ForwardCost((0.1, 0.16, 0.23, 0.3))
+    cost = ForwardCost((0.1, 0.11, 0.12, 0.13))  # cheap verification: the adaptive length drafts too
     clock = replay.ReplayClock()
     monkeypatch.setattr(evospec.engine, "time", SimpleNamespace(perf_counter=clock.perf_counter))
     drafters = [SmallLMDrafter(CachedLM(tiny_drafter), "small")]
@@ -90,5 +90,5 @@ def test_the_replayed_target_emits_its_answers_and_charges_each_pass_its_cost(ti
         total.merge(stats)
     assert total.num_draft_tokens > total.num_accepted_tokens > 0  # drafts were accepted and rejected
     passes = total.num_verifications - len(prompts)  # the prefills cost nothing
-    assert 0.1 * passes <= clock.modeled_s <= 0.3 * passes
+    assert 0.1 * passes <= clock.modeled_s <= 0.13 * passes
     assert clock.modeled_s <= total.target_s < clock.modeled_s + 0.5  # the engine timed the passes on the clock
