@@ -5,15 +5,16 @@ a rejected draft is forgotten by removing its positions from the KV cache. Logit
 torch view of llama.cpp's own output buffer (no copy), valid until the next forward.
 
 Lossless needs each row of a verification to be computed exactly as a one-token decoding step
-would compute it, and llama.cpp's CPU kernels do not promise that. SmolLM2 Q4_1 rows are
-bit-identical at any batch size (tests/test_llamacpp.py: output equal to llama.cpp's own greedy
-decoding). On Qwen2.5-Coder Q4_K_M (2-core AVX2): with the weights repacked for batched matmuls
-(llama.cpp's default "extra buffer types") rows differed from 2 rows on; without repacking, at one
-context they were bit-identical up to 7 rows and differed from 8 on, but elsewhere batches of 2-5
-rows differ too (logits by up to ~0.5), so near-ties (top-2 margin below ~0.15) can flip: 3 of 8
-Spec-Bench prompts left plain decoding within 96 tokens with n-gram drafts. So weights stay
-unpacked and verifications are cut into chunks of `exact_rows`, which narrows the gap but does not
-close it for K-quants: there evospec equals llama.cpp's greedy output up to that rounding.
+would compute it, and llama.cpp's CPU kernels do not promise that. The weights are loaded repacked
+(llama.cpp's default "extra buffer types", what llama-cpp-python's own completion runs): on a 2-core
+AVX2 CPU that makes the 1.5b's one-token step 8-20% faster and a 3-token forward 13-17% faster than
+unpacked weights. A repacked matmul computes up to 3 rows one by one, with the one-token kernel, and
+4 or more with a blocked kernel that rounds differently, so verifications are cut into calls of at
+most `exact_rows`. SmolLM2 Q4_1 rows are then bit-identical to one-token steps (tests/test_llamacpp.py:
+output equal to llama.cpp's own greedy decoding). On Qwen2.5-Coder Q4_K_M they are too while the KV
+cache holds under 256 tokens; past that, llama.cpp's flash attention splits a one-token step's keys
+across threads (a different sum order than a multi-token call), logits differ by up to ~0.4 and
+near-ties can flip. There evospec equals llama.cpp's greedy output up to that rounding.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class LlamaCppConfig:
     max_context: int = 8192  # KV cache size cap; the model's training context if that is smaller
     batch_size: int = 512  # tokens per llama_decode call (a longer prompt is fed in chunks)
     threads: int | None = None  # None: every core this process may run on
-    exact_rows: int = 7  # most rows per verification call (K-quant rows drift from one-token steps past 7)
+    repack: bool = True  # llama.cpp's repacked weights ("extra buffer types"): faster at every batch size here
+    exact_rows: int = 3  # most rows per verification call: a repacked matmul rounds differently from 4 rows on
 
 
 def _bindings():
@@ -66,7 +68,7 @@ class LlamaCppModel:
         lib.llama_backend_init()
         lib.llama_log_set(_SILENT_LOG, ctypes.c_void_p())  # llama.cpp logs every load to stderr otherwise
         params = lib.llama_model_default_params()
-        params.use_extra_bufts = False  # repacked weights make batched rows differ from one-token steps
+        params.use_extra_bufts = config.repack
         self._lib = lib
         self.path = gguf_file
         self.config = config
