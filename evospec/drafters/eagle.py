@@ -73,7 +73,7 @@ class EagleDrafter(WhiteBoxDrafter):
         self.exact = end - self.origin
         tokens, probs = [], []
         for step in range(k):
-            token, q = self.pick(self.head_logits(predicted)[0], sampler)
+            token, q = self.pick(self.draft_logits(predicted)[0], sampler)
             tokens.append(token)
             if q is not None:
                 probs.append(q)

@@ -44,7 +44,7 @@ class HydraDrafter(WhiteBoxDrafter):
         tokens, probs = [], []
         for head in range(min(k, self.config.num_heads)):
             predicted = self.module(head, feature, embeddings[None])
-            token, q = self.pick(self.head_logits(predicted)[0], sampler)
+            token, q = self.pick(self.draft_logits(predicted)[0], sampler)
             tokens.append(token)
             if q is not None:
                 probs.append(q)

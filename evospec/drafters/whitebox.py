@@ -116,7 +116,8 @@ class WhiteBoxDrafter:
         self.module = module  # the weights a learner updates
         self.tokens = tokens
         self.vocab = vocab
-        self.head = tokens.output_rows(vocab.ids)  # [N, H] frozen; fp32: bf16 backward is 40x slower without AVX512-BF16
+        self.head = tokens.output_rows(vocab.ids)  # [N, H] frozen, what training reads; fp32: bf16 backward is 40x slower without AVX512-BF16
+        self._draft_head = self.head.bfloat16()  # [N, H] what drafting reads: half the bytes, the bulk of a draft step
         self.version = 0  # learning steps applied since it was built
         self.features: dict[int, torch.Tensor] = {}  # context position -> the target's hidden state there
 
@@ -136,8 +137,12 @@ class WhiteBoxDrafter:
         return self.vocab.row_of
 
     def head_logits(self, features: torch.Tensor) -> torch.Tensor:
-        """Features [n, H] -> logits over the reduced vocabulary [n, N]."""
+        """Features [n, H] -> logits over the reduced vocabulary [n, N], differentiable (for training)."""
         return torch.nn.functional.linear(features, self.head)
+
+    def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Features [n, H] -> logits over the reduced vocabulary [n, N] float32, through the bf16 head (for drafting)."""
+        return torch.nn.functional.linear(features.bfloat16(), self._draft_head).float()
 
     def pick(self, logits: torch.Tensor, sampler: Sampler) -> tuple[int, torch.Tensor | None]:
         """One drafted target id from reduced logits [N], and q over the full vocabulary [V] when sampling."""
