@@ -10,7 +10,9 @@ from transformers import DynamicCache, PreTrainedModel
 
 
 class LanguageModel(Protocol):
-    """What the engine and the small-LM drafter need of a model, whatever runs it (hf or llama.cpp)."""
+    """What the engine and the small-LM drafter need of a model, whatever runs it (hf or llama.cpp).
+    Its outputs are CPU tensors wherever the model runs: the loop, verification, drafters and
+    learners see one kind of tensor."""
 
     length: int  # tokens in the cache
 
@@ -48,18 +50,18 @@ class CachedLM:
         self.length = 0
 
     def forward(self, token_ids: Sequence[int], num_logits: int = 0) -> torch.Tensor:
-        """Append token_ids [n] to the cache -> logits [n, V] (the last num_logits rows only, if > 0)."""
-        return self._forward(token_ids, num_logits, hidden_states=False).logits[0]
+        """Append token_ids [n] to the cache -> logits [n, V] on the CPU (the last num_logits rows only, if > 0)."""
+        return self._forward(token_ids, num_logits, hidden_states=False).logits[0].cpu()
 
     def forward_with_hidden(self, token_ids: Sequence[int], num_logits: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Like forward, for drafters that read the model's features -> (logits [r, V], final hidden states [r, H])."""
         out = self._forward(token_ids, num_logits, hidden_states=True)
         rows = out.logits.shape[1]
-        return out.logits[0], out.hidden_states[-1][0, -rows:]
+        return out.logits[0].cpu(), out.hidden_states[-1][0, -rows:].cpu()
 
     @torch.inference_mode()
     def _forward(self, token_ids: Sequence[int], num_logits: int, hidden_states: bool):
-        input_ids = torch.tensor([list(token_ids)], dtype=torch.long)  # [1, n]
+        input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.model.device)  # [1, n]
         out = self.model(
             input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=num_logits,
             output_hidden_states=hidden_states,

@@ -84,9 +84,10 @@ def random_prompts(count: int, seed: int = 0) -> list[list[int]]:
 
 
 def reference_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:
-    """The target's own greedy decoding, by Hugging Face generate."""
+    """The target's own greedy decoding, by Hugging Face generate (on the model's device)."""
     output = model.generate(
-        torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+        torch.tensor([prompt_ids], device=model.device),
+        attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long, device=model.device),
         do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=0,
     )
     return output[0, len(prompt_ids):].tolist()

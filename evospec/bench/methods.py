@@ -75,7 +75,7 @@ class HFGenerateMethod:
 
         hook = self.target.model.register_forward_hook(count)
         extra = {"assistant_model": self.assistant.model} if self.assistant else {}
-        input_ids = torch.tensor([prompt_ids])
+        input_ids = torch.tensor([prompt_ids], device=self.target.model.device)
         start = time.perf_counter()
         try:
             output = self.target.model.generate(

@@ -82,9 +82,10 @@ class AdaptedLMDrafter(SmallLMDrafter):
         """Teacher-forced next-token logits at every trace position, with module's adapter weights, the
         last `context_tokens` tokens before the trace as context."""
         prefix = trace.prefix[max(0, len(trace.prefix) - self.config.context_tokens):]
-        input_ids = torch.cat([prefix, trace.tokens])[None]
+        input_ids = torch.cat([prefix, trace.tokens])[None].to(self.model.device)
         weights = dict(zip(module.names, module.weights))
         out = functional_call(self.model, weights, args=(), kwargs={
             "input_ids": input_ids, "use_cache": False, "logits_to_keep": trace.length,
         })
-        return TrainingOutputs(logits=out.logits[0].float(), rows=torch.arange(trace.length), features=None, feature_rows=None)
+        logits = out.logits[0].float().cpu()  # the loss reads the trace's CPU tensors; gradients flow back to the device
+        return TrainingOutputs(logits=logits, rows=torch.arange(trace.length), features=None, feature_rows=None)

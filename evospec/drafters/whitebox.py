@@ -83,13 +83,13 @@ class TargetTokens:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Input embeddings of ids [n] -> [n, H] float32."""
         if self._dense is not None:
-            return self._dense[0][ids].float()
+            return self._dense[0][ids.to(self._dense[0].device)].float().cpu()
         return _dequantized_rows(self._embedding, ids)
 
     def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the output layer for ids [n] -> [n, H] float32."""
-        if self._dense is not None:
-            return self._dense[1][ids].float().clone()
+        if self._dense is not None:  # indexing copies: the drafter's rows never alias the target's
+            return self._dense[1][ids.to(self._dense[1].device)].float().cpu()
         return _dequantized_rows(self._output, ids)
 
 

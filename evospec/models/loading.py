@@ -49,7 +49,8 @@ def load_model(spec: str, dtype: str | None = None, backend: str | None = None) 
     """Load `spec`: a zoo alias, a local Hugging Face directory, a .gguf file or a hub id "org/name".
 
     backend: one of BACKENDS; None picks `default_backend(spec)`. dtype (one of DTYPES, None for
-    DEFAULT_DTYPE) applies to the hf backend; llama.cpp runs the GGUF file's own quantization.
+    DEFAULT_DTYPE) applies to the hf backend, whose models run on `default_device()`; llama.cpp runs
+    the GGUF file's own quantization on the CPU.
     A zoo alias is pulled on first use and, for hf, a GGUF file converted once (all cached under
     `evospec_home()`). Anything that cannot be found is an EvospecError.
     """
@@ -63,14 +64,23 @@ def load_model(spec: str, dtype: str | None = None, backend: str | None = None) 
     dtype = dtype or DEFAULT_DTYPE
     if dtype not in TORCH_DTYPES:
         raise EvospecError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    device = default_device()
+    if dtype == "int8" and device.type != "cpu":
+        raise EvospecError("--dtype int8 is for CPUs without AVX512-BF16; on a GPU use bf16")
     source = resolve(spec)
     model = _from_pretrained(AutoModelForCausalLM, spec, source, dtype=TORCH_DTYPES[dtype])
     if dtype == "int8":
         quantize_int8_weights(model)
+    model.to(device)
     model.eval()
     model.requires_grad_(False)
     tokenizer = _from_pretrained(AutoTokenizer, spec, source)
     return LoadedModel(spec, model, tokenizer, source)
+
+
+def default_device() -> torch.device:
+    """Where hf models run: the GPU when there is one, as in vLLM, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def default_backend(spec: str) -> str:
