@@ -56,6 +56,13 @@ def test_an_invalid_dtype_is_a_user_error(model_dir: Path) -> None:
         loading.load_model(str(model_dir), "fp16")
 
 
+def test_models_load_on_the_default_device_and_int8_is_refused_on_a_gpu(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert loading.load_model(str(model_dir), "fp32").model.device == loading.default_device()
+    monkeypatch.setattr(loading, "default_device", lambda: torch.device("cuda"))
+    with pytest.raises(EvospecError, match="int8 is for CPUs"):
+        loading.load_model(str(model_dir), "int8")
+
+
 @pytest.mark.parametrize("spec", ["./missing", "/no/such/model", "missing.gguf", "qwen-typo", "a/b/c"])
 def test_a_missing_model_is_a_user_error_naming_the_aliases(spec: str) -> None:
     with pytest.raises(EvospecError, match="smollm2-135m-instruct"):
