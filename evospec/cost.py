@@ -86,7 +86,7 @@ def cached_forward_cost(lm: LanguageModel, model_key: str, max_tokens: int, voca
 
 
 def model_forward_cost(model: LoadedModel, max_tokens: int) -> ForwardCost:
-    """The forward cost of a loaded target on this machine (cached per model, backend and dtype)."""
+    """The forward cost of a loaded target on this machine (cached per model, backend and how it runs)."""
     # How the weights run: the dtype for hf; for llama.cpp its settings, since they shape each call.
     runs_as = model.model.config if model.backend == "llamacpp" else model.model.dtype
     source = model.source.resolve() if isinstance(model.source, Path) else model.source

@@ -53,10 +53,11 @@ class FixedDraftLength:
 
 @dataclass(frozen=True)
 class AdaptiveConfig:
-    """Chosen with benchmarks/policy_replay.py on llama.cpp, where a verified draft token costs 0.5-0.7
-    of a decode step: the earlier discount 0.98 and exploration 0.5 re-explored drafts that do not pay
-    so often that the n-gram drafter lost 7-13% on the streams where it rarely matches. A prior of 0.5
-    stays, so that a new drafter drafts at once and its cost is learned (benchmarks/README.md)."""
+    """Chosen with benchmarks/policy_replay.py on llama.cpp with unpacked weights, where a verified draft
+    token cost 0.5-0.7 of a decode step: the earlier discount 0.98 and exploration 0.5 re-explored
+    drafts that do not pay so often that the n-gram drafter lost 7-13% on the streams where it rarely
+    matches. A prior of 0.5 stays, so that a new drafter drafts at once and its cost is learned
+    (benchmarks/README.md). At 0.8-0.9 of a step (repacked weights) the policy rarely drafts at all."""
 
     prior_acceptance: float = 0.5  # alpha before any verdict, worth prior_weight trials
     prior_weight: float = 2.0
