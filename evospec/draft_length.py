@@ -10,6 +10,13 @@ m = 0 (a plain step) is always a candidate, so a drafter that does not pay stops
 alpha is tracked per drafter and per draft label (e.g. the n-gram drafter's match length), with
 discounted counts so that it follows a shifting stream, and read optimistically (a Hoeffding bonus)
 so that a length ruled out early is tried again now and then.
+
+A drafted token left unverified is not wasted: when every verified token was accepted, the token
+the target emits in its place tells whether it would have been (`Attempt.unverified_check`). Under
+greedy decoding that is the acceptance test itself; under sampling it has probability p(x), exactly
+the acceptance of a drafter without probabilities and at most that of one with them. So a drafter
+that costs next to nothing is still asked for a token when none will be verified: its acceptance is
+then learned at no cost, where verification is dear and the prior would never try.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from evospec.cost import ForwardCost, model_forward_cost
 from evospec.errors import EvospecError
 from evospec.models.loading import LoadedModel
 from evospec.selection import Selector
-from evospec.types import Draft
+from evospec.types import Attempt, Draft, Verdict
 
 
 class DraftLength(Protocol):
@@ -34,8 +41,8 @@ class DraftLength(Protocol):
     def keep(self, drafter: str, draft: Draft) -> int:
         """Leading tokens of a proposed draft to verify (after drafting)."""
 
-    def observe(self, drafter: str, draft: Draft, num_accepted: int, draft_seconds: float) -> None:
-        """What the verification of a (kept) draft showed, and what drafting it cost."""
+    def observe(self, attempt: Attempt, verdict: Verdict) -> None:
+        """What a round's verification showed of its attempt, and what drafting it cost."""
 
 
 class FixedDraftLength:
@@ -47,7 +54,7 @@ class FixedDraftLength:
     def keep(self, drafter: str, draft: Draft) -> int:
         return draft.size
 
-    def observe(self, drafter: str, draft: Draft, num_accepted: int, draft_seconds: float) -> None:
+    def observe(self, attempt: Attempt, verdict: Verdict) -> None:
         """Nothing to learn."""
 
 
@@ -63,9 +70,11 @@ class AdaptiveConfig:
     prior_weight: float = 2.0
     discount: float = 0.995  # per round: the weight of the past halves in about 140 rounds
     exploration: float = 0.2  # scales the optimism bonus sqrt(log(rounds) / trials)
+    free_share: float = 0.02  # a drafter whose token costs at most this share of T(1) is asked for one even when none is verified
 
     def __post_init__(self) -> None:
-        if not (0 <= self.prior_acceptance < 1 and self.prior_weight > 0 and 0 < self.discount <= 1):
+        if not (0 <= self.prior_acceptance < 1 and self.prior_weight > 0 and 0 < self.discount <= 1
+                and self.free_share >= 0):
             raise EvospecError(f"invalid adaptive draft-length settings: {self}")
 
 
@@ -114,24 +123,34 @@ class AdaptiveDraftLength:
         # matches) must still be asked, and keep() then drops the drafts that do not pay.
         labels = [label for name, label in self._acceptance if name == drafter] or [""]
         alpha = max(self.alpha(drafter, label) for label in labels)
-        return self.best_length(alpha, k, self._draft_seconds_per_token.get(drafter, 0.0))
+        seconds_per_token = self._draft_seconds_per_token.get(drafter, 0.0)  # unknown: found out by asking
+        best = self.best_length(alpha, k, seconds_per_token)
+        free = seconds_per_token <= self.config.free_share * self.cost.of(1)
+        return max(best, 1) if free and k > 0 else best  # a free token is checked even if none is verified
 
     def keep(self, drafter: str, draft: Draft) -> int:
         return self.best_length(self.alpha(drafter, draft.label), draft.size)  # drafting is paid already
 
-    def observe(self, drafter: str, draft: Draft, num_accepted: int, draft_seconds: float) -> None:
+    def observe(self, attempt: Attempt, verdict: Verdict) -> None:
         self._rounds += 1
+        drafter, draft, num_accepted = attempt.drafter, attempt.draft, verdict.num_accepted
         # Every round ages the evidence, verified or not, so a drafter left out is tried again.
         for (name, _), counts in self._acceptance.items():
             if name == drafter:
                 counts.decay(self.config.discount)
-        if draft.size:
-            trials = min(num_accepted + 1, draft.size)  # positions reached: every accepted one, plus the first miss
-            for label in {"", draft.label}:  # the drafter as a whole, and this kind of draft
+        # Positions reached: every accepted one, plus the first miss, plus the first unverified one
+        # when everything verified was accepted (the target's emitted token checks it for free).
+        trials = min(num_accepted + 1, draft.size)
+        unverified_right = attempt.unverified_check(verdict)
+        if unverified_right is not None:
+            trials, num_accepted = trials + 1, num_accepted + unverified_right
+        if trials:
+            for label in {"", attempt.proposed.label}:  # the drafter as a whole, and this kind of draft
                 counts = self._acceptance.setdefault((drafter, label), _Acceptance())
                 counts.trials += trials
                 counts.successes += num_accepted
-            seconds_per_token = draft_seconds / draft.size
+        if attempt.proposed.size:
+            seconds_per_token = attempt.draft_s / attempt.proposed.size
             previous = self._draft_seconds_per_token.get(drafter, seconds_per_token)
             self._draft_seconds_per_token[drafter] = 0.9 * previous + 0.1 * seconds_per_token
 
