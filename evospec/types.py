@@ -56,7 +56,7 @@ class Attempt:
     drafter: str  # the name of the drafter the selector picked
     draft: Draft  # what will be verified: the first tokens of proposed (the draft-length policy may cut it)
     proposed: Draft  # all the drafter drafted; empty when it was not asked
-    asked: int  # tokens asked of the drafter; 0 when the policy chose a plain step
+    asked: int  # tokens asked of the drafter (0: not asked); the policy may verify fewer, down to none
     draft_s: float  # seconds in the drafter's propose, catch-up on unseen tokens included
 
     def unverified_check(self, verdict: Verdict) -> bool | None:
