@@ -16,7 +16,8 @@ the target emits in its place tells whether it would have been (`Attempt.unverif
 greedy decoding that is the acceptance test itself; under sampling it has probability p(x), exactly
 the acceptance of a drafter without probabilities and at most that of one with them. So a drafter
 that costs next to nothing is still asked for a token when none will be verified: its acceptance is
-then learned at no cost, where verification is dear and the prior would never try.
+then learned at no cost, where verification is dear and the prior would never try. Such a drafter
+needs no optimism bonus either (exploring by verifying would pay for what the check gives free).
 """
 
 from __future__ import annotations
@@ -101,13 +102,18 @@ class AdaptiveDraftLength:
         self._rounds = 0
 
     def alpha(self, drafter: str, label: str = "") -> float:
-        """The optimistic acceptance estimate for a drafter's drafts under a label."""
+        """The acceptance estimate for a drafter's drafts under a label: optimistic for a drafter that
+        costs something, where only verifying tells; the plain mean for a free one, checked for free."""
         counts = self._acceptance.get((drafter, label))
         c = self.config
         trials = (counts.trials if counts else 0.0) + c.prior_weight
         successes = (counts.successes if counts else 0.0) + c.prior_weight * c.prior_acceptance
-        bonus = c.exploration * math.sqrt(math.log(self._rounds + 2) / trials)
+        bonus = 0.0 if self._free(drafter) else c.exploration * math.sqrt(math.log(self._rounds + 2) / trials)
         return min(successes / trials + bonus, 0.999)
+
+    def _free(self, drafter: str) -> bool:
+        """Whether a drafted token of drafter costs at most free_share of a target step (unknown: yes, until measured)."""
+        return self._draft_seconds_per_token.get(drafter, 0.0) <= self.config.free_share * self.cost.of(1)
 
     def best_length(self, alpha: float, max_length: int, seconds_per_draft_token: float = 0.0) -> int:
         """argmax over m in 0..max_length of E[emitted | m] / time(m)."""
@@ -123,10 +129,8 @@ class AdaptiveDraftLength:
         # matches) must still be asked, and keep() then drops the drafts that do not pay.
         labels = [label for name, label in self._acceptance if name == drafter] or [""]
         alpha = max(self.alpha(drafter, label) for label in labels)
-        seconds_per_token = self._draft_seconds_per_token.get(drafter, 0.0)  # unknown: found out by asking
-        best = self.best_length(alpha, k, seconds_per_token)
-        free = seconds_per_token <= self.config.free_share * self.cost.of(1)
-        return max(best, 1) if free and k > 0 else best  # a free token is checked even if none is verified
+        best = self.best_length(alpha, k, self._draft_seconds_per_token.get(drafter, 0.0))
+        return max(best, 1) if self._free(drafter) and k > 0 else best  # a free token is checked even if none is verified
 
     def keep(self, drafter: str, draft: Draft) -> int:
         return self.best_length(self.alpha(drafter, draft.label), draft.size)  # drafting is paid already
