@@ -10,14 +10,6 @@ m = 0 (a plain step) is always a candidate, so a drafter that does not pay stops
 alpha is tracked per drafter and per draft label (e.g. the n-gram drafter's match length), with
 discounted counts so that it follows a shifting stream, and read optimistically (a Hoeffding bonus)
 so that a length ruled out early is tried again now and then.
-
-A drafted token left unverified is not wasted: when every verified token was accepted, the token
-the target emits in its place tells whether it would have been (`Attempt.unverified_check`). Under
-greedy decoding that is the acceptance test itself; under sampling it has probability p(x), exactly
-the acceptance of a drafter without probabilities and at most that of one with them. So a drafter
-that costs next to nothing is still asked for a token when none will be verified: its acceptance is
-then learned at no cost, where verification is dear and the prior would never try. Such a drafter
-needs no optimism bonus either (exploring by verifying would pay for what the check gives free).
 """
 
 from __future__ import annotations
@@ -30,7 +22,7 @@ from evospec.cost import ForwardCost, model_forward_cost
 from evospec.errors import EvospecError
 from evospec.models.loading import LoadedModel
 from evospec.selection import Selector
-from evospec.types import Attempt, Draft, Verdict
+from evospec.types import Draft
 
 
 class DraftLength(Protocol):
@@ -42,8 +34,8 @@ class DraftLength(Protocol):
     def keep(self, drafter: str, draft: Draft) -> int:
         """Leading tokens of a proposed draft to verify (after drafting)."""
 
-    def observe(self, attempt: Attempt, verdict: Verdict) -> None:
-        """What a round's verification showed of its attempt, and what drafting it cost."""
+    def observe(self, drafter: str, draft: Draft, num_accepted: int, draft_seconds: float) -> None:
+        """What the verification of a (kept) draft showed, and what drafting it cost."""
 
 
 class FixedDraftLength:
@@ -55,7 +47,7 @@ class FixedDraftLength:
     def keep(self, drafter: str, draft: Draft) -> int:
         return draft.size
 
-    def observe(self, attempt: Attempt, verdict: Verdict) -> None:
+    def observe(self, drafter: str, draft: Draft, num_accepted: int, draft_seconds: float) -> None:
         """Nothing to learn."""
 
 
@@ -71,11 +63,9 @@ class AdaptiveConfig:
     prior_weight: float = 2.0
     discount: float = 0.995  # per round: the weight of the past halves in about 140 rounds
     exploration: float = 0.2  # scales the optimism bonus sqrt(log(rounds) / trials)
-    free_share: float = 0.02  # a drafter whose token costs at most this share of T(1) is asked for one even when none is verified
 
     def __post_init__(self) -> None:
-        if not (0 <= self.prior_acceptance < 1 and self.prior_weight > 0 and 0 < self.discount <= 1
-                and self.free_share >= 0):
+        if not (0 <= self.prior_acceptance < 1 and self.prior_weight > 0 and 0 < self.discount <= 1):
             raise EvospecError(f"invalid adaptive draft-length settings: {self}")
 
 
@@ -102,18 +92,13 @@ class AdaptiveDraftLength:
         self._rounds = 0
 
     def alpha(self, drafter: str, label: str = "") -> float:
-        """The acceptance estimate for a drafter's drafts under a label: optimistic for a drafter that
-        costs something, where only verifying tells; the plain mean for a free one, checked for free."""
+        """The optimistic acceptance estimate for a drafter's drafts under a label."""
         counts = self._acceptance.get((drafter, label))
         c = self.config
         trials = (counts.trials if counts else 0.0) + c.prior_weight
         successes = (counts.successes if counts else 0.0) + c.prior_weight * c.prior_acceptance
-        bonus = 0.0 if self._free(drafter) else c.exploration * math.sqrt(math.log(self._rounds + 2) / trials)
+        bonus = c.exploration * math.sqrt(math.log(self._rounds + 2) / trials)
         return min(successes / trials + bonus, 0.999)
-
-    def _free(self, drafter: str) -> bool:
-        """Whether a drafted token of drafter costs at most free_share of a target step (unknown: yes, until measured)."""
-        return self._draft_seconds_per_token.get(drafter, 0.0) <= self.config.free_share * self.cost.of(1)
 
     def best_length(self, alpha: float, max_length: int, seconds_per_draft_token: float = 0.0) -> int:
         """argmax over m in 0..max_length of E[emitted | m] / time(m)."""
@@ -129,32 +114,24 @@ class AdaptiveDraftLength:
         # matches) must still be asked, and keep() then drops the drafts that do not pay.
         labels = [label for name, label in self._acceptance if name == drafter] or [""]
         alpha = max(self.alpha(drafter, label) for label in labels)
-        best = self.best_length(alpha, k, self._draft_seconds_per_token.get(drafter, 0.0))
-        return max(best, 1) if self._free(drafter) and k > 0 else best  # a free token is checked even if none is verified
+        return self.best_length(alpha, k, self._draft_seconds_per_token.get(drafter, 0.0))
 
     def keep(self, drafter: str, draft: Draft) -> int:
         return self.best_length(self.alpha(drafter, draft.label), draft.size)  # drafting is paid already
 
-    def observe(self, attempt: Attempt, verdict: Verdict) -> None:
+    def observe(self, drafter: str, draft: Draft, num_accepted: int, draft_seconds: float) -> None:
         self._rounds += 1
-        drafter, draft, num_accepted = attempt.drafter, attempt.draft, verdict.num_accepted
         # Every round ages the evidence, verified or not, so a drafter left out is tried again.
         for (name, _), counts in self._acceptance.items():
             if name == drafter:
                 counts.decay(self.config.discount)
-        # Positions reached: every accepted one, plus the first miss, plus the first unverified one
-        # when everything verified was accepted (the target's emitted token checks it for free).
-        trials = min(num_accepted + 1, draft.size)
-        unverified_right = attempt.unverified_check(verdict)
-        if unverified_right is not None:
-            trials, num_accepted = trials + 1, num_accepted + unverified_right
-        if trials:
-            for label in {"", attempt.proposed.label}:  # the drafter as a whole, and this kind of draft
+        if draft.size:
+            trials = min(num_accepted + 1, draft.size)  # positions reached: every accepted one, plus the first miss
+            for label in {"", draft.label}:  # the drafter as a whole, and this kind of draft
                 counts = self._acceptance.setdefault((drafter, label), _Acceptance())
                 counts.trials += trials
                 counts.successes += num_accepted
-        if attempt.proposed.size:
-            seconds_per_token = attempt.draft_s / attempt.proposed.size
+            seconds_per_token = draft_seconds / draft.size
             previous = self._draft_seconds_per_token.get(drafter, seconds_per_token)
             self._draft_seconds_per_token[drafter] = 0.9 * previous + 0.1 * seconds_per_token
 

@@ -141,18 +141,18 @@ class Engine:
         name = self.selector.select()
         asked = self.draft_length.budget(name, min(config.num_speculative_tokens, room))
         if asked <= 0:
-            return Attempt(name, empty_draft(), empty_draft(), asked=0, draft_s=0.0)
+            return Attempt(name, empty_draft(), asked=0, draft_s=0.0)
         start = time.perf_counter()
         draft = self.drafters[name].propose(context, asked, sampler)
         seconds = time.perf_counter() - start
-        return Attempt(name, draft.truncated(self.draft_length.keep(name, draft)), draft, asked, seconds)
+        return Attempt(name, draft.truncated(self.draft_length.keep(name, draft)), asked, seconds)
 
     def _feed_back(self, attempt: Attempt, verdict: Verdict, logits: torch.Tensor, sampler: Sampler, stats: SpecStats) -> None:
         """The round's outcome to the selector (its reward), the draft-length policy and the per-drafter stats."""
         seconds = RoundTime(attempt.draft_s, self._pass_s, self.step_s)
         reward = REWARDS[self.selector.reward_kind](logits, attempt.draft, verdict, sampler, attempt.asked, seconds)
         self.selector.update(attempt.drafter, reward)
-        self.draft_length.observe(attempt, verdict)
+        self.draft_length.observe(attempt.drafter, attempt.draft, verdict.num_accepted, attempt.draft_s)
         stats.record_drafter(attempt, verdict, reward)
 
     def _tell_listeners(self, attempt: Attempt | None, verdict: Verdict, context: list[int],

@@ -54,18 +54,9 @@ class Attempt:
     """One drafter's turn in a round: what it was asked for and what it drafted."""
 
     drafter: str  # the name of the drafter the selector picked
-    draft: Draft  # what will be verified: the first tokens of proposed (the draft-length policy may cut it)
-    proposed: Draft  # all the drafter drafted; empty when it was not asked
-    asked: int  # tokens asked of the drafter (0: not asked); the policy may verify fewer, down to none
+    draft: Draft  # what will be verified (possibly cut short by the draft-length policy)
+    asked: int  # tokens asked of the drafter; 0 when the policy chose a plain step
     draft_s: float  # seconds in the drafter's propose, catch-up on unseen tokens included
-
-    def unverified_check(self, verdict: Verdict) -> bool | None:
-        """Whether the first proposed token left unverified is the one the target emitted in its place:
-        known for free when every verified token was accepted (None otherwise, or if nothing was left)."""
-        verified = self.draft.size
-        if verdict.num_accepted < verified or self.proposed.size <= verified:
-            return None
-        return verdict.emitted[verified] == int(self.proposed.tokens[verified])
 
 
 @dataclass(frozen=True)

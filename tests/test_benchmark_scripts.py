@@ -64,7 +64,6 @@ def test_a_policy_replay_method_is_a_bench_method_with_adaptive_settings():
     ("evospec:ngram@discount=0.9", "@settings only after"),
     ("evospec:ngram/k=auto@patience=3", "no field 'patience'"),
     ("evospec:ngram/k=auto@discount=2", "invalid adaptive draft-length settings"),
-    ("evospec:ngram/k=auto@free_share=-1", "invalid adaptive draft-length settings"),
 ])
 def test_a_bad_policy_replay_method_exits_with_one_line(method, message):
     replay = load_script("policy_replay")
