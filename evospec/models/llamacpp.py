@@ -8,9 +8,9 @@ Lossless needs each row of a verification to be computed exactly as a one-token 
 would compute it, and llama.cpp's CPU kernels do not promise that. The weights are loaded repacked
 (llama.cpp's default "extra buffer types", what llama-cpp-python's own completion runs): on a 2-core
 AVX2 CPU that makes the 1.5b's one-token step 8-20% faster and 2- and 3-token forwards 13-23% faster
-than unpacked weights (benchmarks/llamacpp_repack.py). A repacked matmul computes up to 3 rows one by one, with the one-token kernel, and
-4 or more with a blocked kernel that rounds differently, so verifications are cut into calls of at
-most `exact_rows`. SmolLM2 Q4_1 rows are then bit-identical to one-token steps (tests/test_llamacpp.py:
+than unpacked weights (benchmarks/llamacpp_repack.py). A repacked matmul computes up to 3 rows one
+by one, with the one-token kernel, and 4 or more with a blocked kernel that rounds differently, so
+verifications are cut into calls of at most `exact_rows`. SmolLM2 Q4_1 rows are then bit-identical to one-token steps (tests/test_llamacpp.py:
 output equal to llama.cpp's own greedy decoding). On Qwen2.5-Coder Q4_K_M they are too while the KV
 cache holds under 256 tokens; past that, llama.cpp's flash attention splits a one-token step's keys
 across threads (a different sum order than a multi-token call), logits differ by up to ~0.4 and

@@ -86,7 +86,7 @@ def default_device() -> torch.device:
 def default_backend(spec: str) -> str:
     """llamacpp for a GGUF file or zoo alias on a machine without CUDA, hf for everything else."""
     is_gguf = spec in ZOO or (spec.endswith(".gguf") and Path(spec).expanduser().is_file())
-    return "llamacpp" if is_gguf and not torch.cuda.is_available() else "hf"
+    return "llamacpp" if is_gguf and default_device().type == "cpu" else "hf"
 
 
 def _load_llamacpp(spec: str) -> LoadedModel:
