@@ -120,11 +120,12 @@ def replay(drafter, learner, samples: list[Sample], desc: str) -> list[list[floa
         first = sample.prompt_length  # the first answer token: the pending token of the first round
         chunk = POSITIONS_PER_STEP if learns_in_requests else sample.tokens.numel() - first
         sample_hits = []
-        if learner:  # the prefill's feedback, as in serving: the prompt, with p at its last token
+        if learner:  # the prefill's feedback, as in serving: the prompt, with p at its last token or its last prompt rows
+            rows = max(1, min(first, learner.prompt_rows))
             learner.observe(RoundFeedback(
                 request=request, position=0, drafter=None, tokens=sample.tokens[:first],
-                drafted=torch.empty(0, dtype=torch.long), num_accepted=0, hidden=sample.hidden[first - 1 : first].float(),
-                top_ids=sample.top_ids[first - 1 : first], top_probs=sample.top_probs[first - 1 : first],
+                drafted=torch.empty(0, dtype=torch.long), num_accepted=0, hidden=sample.hidden[first - rows : first].float(),
+                top_ids=sample.top_ids[first - rows : first], top_probs=sample.top_probs[first - rows : first],
             ))
         for start in range(first, sample.tokens.numel(), chunk):
             end = min(start + chunk, sample.tokens.numel())

@@ -55,13 +55,15 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     learning.add_argument("--learn-every", type=int, default=LEARNING.every)
     learning.add_argument("--buffer-rows", type=int, default=LEARNING.buffer_rows,
                           help="feedback rows (verified positions) kept for learning")
+    learning.add_argument("--learn-prompt-rows", type=int, default=LEARNING.prompt_rows,
+                          help="eagle, hydra: learn from this many of a prompt's last rows before answering it (0: never)")
     _add_generation_options(parser)
 
 
 def _learner_config(args: argparse.Namespace) -> LearnerConfig:
     batch_rows = min(LEARNING.batch_rows, args.buffer_rows)
     return LearnerConfig(lr=args.lr, schedule=args.learn_schedule, every=args.learn_every,
-                         buffer_rows=args.buffer_rows, batch_rows=max(2, batch_rows))
+                         buffer_rows=args.buffer_rows, batch_rows=max(2, batch_rows), prompt_rows=args.learn_prompt_rows)
 
 
 def _generation_config(args: argparse.Namespace, **overrides) -> GenerationConfig:
@@ -195,7 +197,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         out_dir=Path(args.out),
         command="evospec " + shlex.join(sys.argv[1:]),
         white_box=Path(args.white_box).expanduser() if args.white_box else None,
-        learning=LearnerConfig(lr=args.lr, every=args.learn_every),
+        learning=LearnerConfig(lr=args.lr, every=args.learn_every, prompt_rows=args.learn_prompt_rows),
     )
     run_bench(settings)
 
@@ -273,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--white-box", metavar="CHECKPOINT", help="an eagle or hydra checkpoint (evospec train-drafter)")
     bench.add_argument("--lr", type=float, default=LEARNING.lr, help="the learners' learning rate")
     bench.add_argument("--learn-every", type=int, default=LEARNING.every, help="rounds between learning steps")
+    bench.add_argument("--learn-prompt-rows", type=int, default=LEARNING.prompt_rows,
+                       help="prompt rows the learners learn from before each answer (0: never)")
     bench.add_argument("--per-category", type=int, default=5)
     bench.add_argument("--out", default="benchmarks/latest", help="directory for results.json, results.md, plot")
     _add_generation_options(bench)

@@ -16,7 +16,7 @@ from evospec.learning import OnlineLearner
 from evospec.sampling import Sampler
 from evospec.stats import SpecStats
 from evospec.selection import REWARDS, Selector, build_selector
-from evospec.target import LanguageModel
+from evospec.target import LanguageModel, PromptPass, top_next_tokens
 from evospec.types import Attempt, RoundFeedback, RoundTime, Verdict
 from evospec.verify import verify
 
@@ -63,8 +63,10 @@ class Engine:
         self.learners = list(learners)
         self.listeners = [*(d for d in drafters if d.needs_hidden_states), *self.learners]  # they get RoundFeedback
         self._reads_hidden = reads_hidden_states(drafters, self.learners)
+        self._prompt_rows = max((learner.prompt_rows for learner in self.learners), default=0)
         self.requests = 0
         self._hidden: torch.Tensor | None = None  # the last pass's hidden states [n, H], when listeners want them
+        self._prompt: PromptPass | None = None  # the prefill's view of every prompt token, when learners learn from it
         self._pass_s = 0.0  # seconds of the last target pass
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig, stats: SpecStats) -> Iterator[int]:
@@ -125,7 +127,10 @@ class Engine:
         """The target's pass over token_ids -> logits [n, V] (the last row only at the prefill). With
         listeners that read them, hidden states come too and wait in self._hidden for _tell_listeners."""
         start = time.perf_counter()
-        if self._reads_hidden:
+        if prefill and self._prompt_rows:
+            self._prompt = self.target.forward_prompt(token_ids, FEEDBACK_TOP_K)
+            logits, self._hidden = self._prompt.logits, self._prompt.hidden
+        elif self._reads_hidden:
             logits, self._hidden = self.target.forward_with_hidden(token_ids, num_logits=1 if prefill else 0)
         else:
             logits = self.target.forward(token_ids, num_logits=1 if prefill else 0)
@@ -160,19 +165,24 @@ class Engine:
         """What the pass said about the tokens it verified, to white-box drafters and learners.
 
         Called before the round's tokens join the context: at the prefill the verified tokens are the
-        prompt (with p at its last token only); after, the pending token and the accepted drafts.
+        prompt (with p at its last token, or at its last rows when learners learn from the prompt);
+        after, the pending token and the accepted drafts.
         """
         start = time.perf_counter()
         drafted = attempt.draft.tokens if attempt else torch.empty(0, dtype=torch.long)
-        rows = verdict.num_accepted + 1
         first = 0 if prefill else len(context) - 1
-        top = torch.softmax(logits[:rows].float(), dim=-1).topk(FEEDBACK_TOP_K, dim=-1)
+        if prefill and self._prompt is not None:
+            rows = min(len(context), self._prompt_rows)
+            hidden, top_ids, top_probs = self._prompt.hidden[-rows:], self._prompt.top_ids[-rows:], self._prompt.top_probs[-rows:]
+            self._prompt = None
+        else:
+            rows = verdict.num_accepted + 1
+            hidden = self._hidden[:rows] if self._reads_hidden else None
+            top_ids, top_probs = top_next_tokens(logits[:rows], FEEDBACK_TOP_K)
         feedback = RoundFeedback(
             request=self.requests, drafter=attempt.drafter if attempt and drafted.numel() else None,
             position=first, tokens=torch.tensor(context[first:] + drafted[: verdict.num_accepted].tolist()),
-            drafted=drafted, num_accepted=verdict.num_accepted,
-            hidden=self._hidden[:rows] if self._reads_hidden else None,
-            top_ids=top.indices, top_probs=top.values,
+            drafted=drafted, num_accepted=verdict.num_accepted, hidden=hidden, top_ids=top_ids, top_probs=top_probs,
         )
         for listener in self.listeners:
             listener.observe(feedback)

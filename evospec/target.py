@@ -3,10 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+
+HEAD_ROWS_PER_CALL = 256  # prompt rows per output-layer call when a prefill scores every prompt token
+
+
+@dataclass(frozen=True)
+class PromptPass:
+    """A prefill that says what the target thinks at every prompt token, for learners: the prompt is
+    text the target has read, so its features and next-token distributions there are feedback too."""
+
+    logits: torch.Tensor  # [1, V] at the last token, exactly as forward(num_logits=1) returns them
+    hidden: torch.Tensor  # [n, H] float32 final hidden states at every token
+    top_ids: torch.Tensor  # [n, K] int64 the most likely next tokens after each token
+    top_probs: torch.Tensor  # [n, K] float32 their probabilities (temperature 1)
+
+
+def top_next_tokens(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits [n, V] -> the k most likely next tokens [n, k] and their softmax probabilities [n, k] float32."""
+    logits = logits.float()
+    top = logits.topk(k, dim=-1)
+    return top.indices, (top.values - logits.logsumexp(dim=-1, keepdim=True)).exp()
 
 
 class LanguageModel(Protocol):
@@ -27,6 +48,10 @@ class LanguageModel(Protocol):
 
         The hidden states are the ones the output layer reads (after the final norm).
         """
+
+    def forward_prompt(self, token_ids: Sequence[int], top_k: int) -> PromptPass:
+        """Append a prompt to the (empty) cache -> its last token's logits, and hidden states and the
+        top_k next tokens at every token."""
 
     def trim(self, length: int) -> None:
         """Keep the first `length` cached tokens."""
@@ -58,6 +83,19 @@ class CachedLM:
         out = self._forward(token_ids, num_logits, hidden_states=True)
         rows = out.logits.shape[1]
         return out.logits[0].cpu(), out.hidden_states[-1][0, -rows:].cpu()
+
+    def forward_prompt(self, token_ids: Sequence[int], top_k: int) -> PromptPass:
+        """Append a prompt -> PromptPass. The last token's logits are computed as forward(num_logits=1)
+        computes them; the other rows' come from the output layer applied to the hidden states, a
+        few hundred rows at a time (a prompt's full [n, V] logits would take gigabytes)."""
+        out = self._forward(token_ids, 1, hidden_states=True)
+        hidden = out.hidden_states[-1][0]  # [n, H] on the model's device
+        head = self.model.get_output_embeddings()
+        with torch.inference_mode():
+            tops = [top_next_tokens(head(hidden[start : start + HEAD_ROWS_PER_CALL]), top_k)
+                    for start in range(0, hidden.shape[0], HEAD_ROWS_PER_CALL)]
+        ids, probs = zip(*tops)
+        return PromptPass(out.logits[0].cpu(), hidden.float().cpu(), torch.cat(ids).cpu(), torch.cat(probs).cpu())
 
     @torch.inference_mode()
     def _forward(self, token_ids: Sequence[int], num_logits: int, hidden_states: bool):

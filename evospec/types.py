@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -66,7 +66,8 @@ class RoundFeedback:
     The rows follow the context: `tokens` are the verified input tokens of the pass (the prompt at
     the prefill; the pending token and the accepted drafts after), each with the target's final hidden
     state and its next-token distribution (top K ids and probabilities, not the full vocabulary row).
-    At the prefill only the last prompt token has them.
+    At the prefill only the last prompt tokens have them: the last one, or the last `prompt_rows` of
+    them when a learner learns from the prompt.
     """
 
     request: int  # which request of the stream this round belongs to
@@ -78,6 +79,16 @@ class RoundFeedback:
     hidden: torch.Tensor | None  # [r, H] float32 target hidden states at the last r tokens; None unless asked for
     top_ids: torch.Tensor  # [r, K] int64 the target's most likely next tokens after each of the last r tokens
     top_probs: torch.Tensor  # [r, K] float32 their probabilities (temperature 1)
+
+    def last_rows(self, rows: int) -> RoundFeedback:
+        """The same round with the target's view of only its last `rows` rows."""
+        return replace(self, hidden=None if self.hidden is None else self.hidden[-rows:],
+                       top_ids=self.top_ids[-rows:], top_probs=self.top_probs[-rows:])
+
+    @property
+    def prefill(self) -> bool:
+        """Whether this is the prefill's feedback: the prompt, from context position 0, nothing drafted."""
+        return self.position == 0 and self.drafter is None
 
     @property
     def rejected(self) -> bool:

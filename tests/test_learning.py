@@ -75,7 +75,7 @@ def test_online_loss_falls_and_acceptance_rises_on_a_fixed_stream(sharp_target, 
 def test_the_ensemble_moves_its_weight_to_the_best_learning_rate(sharp_target):
     # lr so small that the copy with 4x learns clearly fastest on this stream
     drafter = white_box("eagle", sharp_target)
-    learner = build_learner("ensemble", drafter, LearnerConfig(every=4, batch_rows=128, lr=0.05))
+    learner = build_learner("ensemble", drafter, LearnerConfig(every=4, batch_rows=128, lr=0.03))
     engine = Engine(CachedLM(sharp_target.model), [drafter], frozenset(), 256, learners=[learner])
     run(engine, random_prompts(4) * 2, max_new_tokens=48)
     weights = learner.weights
@@ -124,6 +124,26 @@ def feedback(request: int, position: int, rows: int, hidden: float = 0.0) -> Rou
         drafted=torch.arange(rows), num_accepted=rows - 1, hidden=torch.full((rows, HIDDEN), hidden),
         top_ids=torch.zeros(rows, 16, dtype=torch.long), top_probs=torch.full((rows, 16), 1 / 16),
     )
+
+
+def prefill(prompt_length: int) -> RoundFeedback:
+    """A prefill's feedback with the target's view of every prompt token."""
+    return RoundFeedback(
+        request=0, drafter=None, position=0, tokens=torch.arange(prompt_length) % TINY_VOCAB,
+        drafted=torch.empty(0, dtype=torch.long), num_accepted=0, hidden=torch.randn(prompt_length, HIDDEN),
+        top_ids=torch.randint(0, 80, (prompt_length, 16)), top_probs=torch.full((prompt_length, 16), 1 / 16),
+    )
+
+
+@pytest.mark.parametrize(("prompt_rows", "steps"), [(0, 0), (40, 3), (1024, 7)])
+def test_a_prefill_teaches_the_drafter_its_prompt_once(sharp_target, prompt_rows, steps):
+    """The last prompt_rows rows, batch_rows a step (consecutive windows share a row), before any
+    round; then only the last row stays for the scheduled steps (without prompt_rows all stay)."""
+    drafter = white_box("eagle", sharp_target)
+    learner = build_learner("ogd", drafter, LearnerConfig(batch_rows=16, prompt_rows=prompt_rows))
+    learner.observe(prefill(prompt_length=100))  # 99 rows to predict: 6 windows of 15, one of 9
+    assert learner.stats.steps == drafter.version == steps
+    assert len(learner.buffer) == (1 if prompt_rows else 100)
 
 
 def test_the_buffer_stays_bounded_on_an_endless_stream():

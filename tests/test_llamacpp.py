@@ -102,6 +102,23 @@ def test_hidden_states_come_with_the_same_logits(smollm):
     assert every_row.shape[0] == every_hidden.shape[0] == 3
 
 
+def test_a_prompt_pass_reads_every_chunk_of_a_long_prompt(smollm):
+    """A prompt longer than llama.cpp's batch: every token's hidden state and top tokens, in order."""
+    ids = (encode_prompt(smollm, PROMPTS[0], chat=True) * 40)[:700]
+    assert len(ids) > smollm.model.config.batch_size
+    white_box = smollm.new_lm(hidden_states=True)
+    passed = white_box.forward_prompt(ids, top_k=8)
+    assert passed.hidden.shape == (700, smollm.model.hidden_size) and passed.top_ids.shape == passed.top_probs.shape == (700, 8)
+    assert white_box.length == 700
+    white_box.reset()
+    last, last_hidden = white_box.forward_with_hidden(ids, num_logits=1)
+    assert torch.equal(passed.logits, last) and torch.equal(passed.hidden[-1:], last_hidden)
+    white_box.reset()
+    logits, hidden = white_box.forward_with_hidden(ids[:300], num_logits=300)  # one call: the first chunk's rows
+    assert torch.equal(passed.hidden[:300], hidden)
+    assert torch.equal(passed.top_ids[:300], logits.topk(8).indices)
+
+
 def test_a_small_lm_drafter_on_llamacpp_is_lossless_with_early_stop(smollm, expected):
     target = smollm.new_lm()
     engine = Engine(target, [SmallLMDrafter(smollm.new_lm(), "self")], eos_token_ids(smollm), smollm.model.context_length)

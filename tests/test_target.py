@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from evospec.target import CachedLM
+from evospec.target import CachedLM, top_next_tokens
 
 
 def test_forward_then_trim_matches_a_fresh_forward(tiny_target):
@@ -25,3 +25,15 @@ def test_hidden_states_are_the_features_under_the_head(tiny_target):
 def test_num_logits_keeps_the_last_rows(tiny_target):
     logits = CachedLM(tiny_target).forward([3, 1, 4, 1, 5], num_logits=1)
     assert logits.shape == (1, tiny_target.config.vocab_size)
+
+
+def test_a_prompt_pass_scores_every_prompt_token_and_keeps_the_prefills_logits(tiny_target):
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    passed = CachedLM(tiny_target).forward_prompt(prompt, top_k=4)
+    logits, hidden = CachedLM(tiny_target).forward_with_hidden(prompt)
+    assert torch.equal(passed.logits, CachedLM(tiny_target).forward(prompt, num_logits=1))
+    torch.testing.assert_close(passed.hidden, hidden)
+    top_ids, top_probs = top_next_tokens(logits, 4)
+    assert torch.equal(passed.top_ids, top_ids)
+    torch.testing.assert_close(passed.top_probs, top_probs)
+    torch.testing.assert_close(top_probs, torch.softmax(logits, dim=-1).topk(4).values)

@@ -32,6 +32,14 @@ class Trace:
     def length(self) -> int:
         return int(self.tokens.numel())
 
+    def window(self, start: int, end: int) -> Trace:
+        """Rows start..end-1 as a trace of their own (the rows before them join its prefix)."""
+        return Trace(
+            tokens=self.tokens[start:end], prefix=torch.cat([self.prefix, self.tokens[:start]]),
+            hidden=None if self.hidden is None else self.hidden[start:end],
+            top_ids=self.top_ids[start:end], top_probs=self.top_probs[start:end], rejected=self.rejected[start:end],
+        )
+
 
 @dataclass(frozen=True)
 class _Row:
@@ -103,6 +111,19 @@ class FeedbackBuffer:
             row.top_ids.nbytes + row.top_probs.nbytes + (row.hidden.nbytes if row.hidden is not None else 0)
             for row in self._rows
         )
+
+
+def trace_of(feedback: RoundFeedback, rows: int) -> Trace:
+    """The last `rows` rows of one round's feedback as a trace of their own, without a buffer."""
+    first = feedback.tokens.numel() - rows
+    if not 0 < rows <= feedback.top_ids.shape[0]:
+        raise ValueError(f"the feedback has {feedback.top_ids.shape[0]} rows, not {rows}")
+    return Trace(
+        tokens=feedback.tokens[first:], prefix=feedback.tokens[:first],
+        hidden=None if feedback.hidden is None else feedback.hidden[-rows:].float(),
+        top_ids=feedback.top_ids[-rows:], top_probs=feedback.top_probs[-rows:],
+        rejected=torch.zeros(rows, dtype=torch.bool),
+    )
 
 
 def _trace(rows: list[_Row], prefix: list[int]) -> Trace:

@@ -42,6 +42,7 @@ from evospec.learning.buffer import Trace
 from evospec.learning.losses import LossConfig, drafter_loss
 from evospec.models.loading import LoadedModel, context_length, eos_token_ids, hidden_size, vocab_size
 from evospec.stats import SpecStats
+from evospec.target import top_next_tokens
 
 CORPORA = {"gsm8k": "data/gsm8k/train.jsonl"}  # shipped corpora: name -> file in the package
 TEXT_FIELDS = ("question", "prompt", "text")  # a .jsonl row's prompt: the first of these it has
@@ -297,11 +298,10 @@ def _target_pass(lm, ids: list[int], prompt_length: int, rows_per_pass: int) -> 
     for start in range(0, len(ids), rows_per_pass):
         piece = ids[start : start + rows_per_pass]
         logits, states = lm.forward_with_hidden(piece, num_logits=len(piece))
-        logits = logits.float()
-        top = logits.topk(FEEDBACK_TOP_K, dim=-1)
+        ids_of_piece, probs_of_piece = top_next_tokens(logits, FEEDBACK_TOP_K)
         hidden.append(states.to(torch.bfloat16, copy=True))
-        top_ids.append(top.indices)
-        top_probs.append((top.values - logits.logsumexp(dim=-1, keepdim=True)).exp())  # softmax at the top K
+        top_ids.append(ids_of_piece)
+        top_probs.append(probs_of_piece)
     return Sample(torch.tensor(ids), torch.cat(hidden), torch.cat(top_ids), torch.cat(top_probs), prompt_length)
 
 

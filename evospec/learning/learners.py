@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 
 from evospec.errors import EvospecError
-from evospec.learning.buffer import FeedbackBuffer, Trace
+from evospec.learning.buffer import FeedbackBuffer, Trace, trace_of
 from evospec.learning.losses import LossConfig, TrainingOutputs, drafter_loss
 from evospec.types import RoundFeedback
 
@@ -37,6 +37,7 @@ class LearnerConfig:
     every: int = 24  # a 64-row step costs ~2.5 target steps on a 2-core CPU: learn from the new rows, not every round
     buffer_rows: int = 4096  # feedback rows kept; the oldest go first
     batch_rows: int = 64  # a step learns from the newest rows
+    prompt_rows: int = 1024  # white-box drafters: learn from the prompt's last rows at its prefill, before answering it (0: never)
     optimistic_form: str = "hint"  # hint: 2 g_t - g_{t-1}; momentum: SGD with `momentum`
     momentum: float = 0.9
     ensemble_scales: tuple[float, ...] = (1.0, 2.0, 4.0)  # the copies' learning rates, in units of lr
@@ -57,6 +58,8 @@ class LearnerConfig:
             raise EvospecError(f"learn-every must be >= 1, got {self.every}")
         if self.buffer_rows < 2 or not 2 <= self.batch_rows <= self.buffer_rows:
             raise EvospecError(f"need 2 <= batch rows ({self.batch_rows}) <= buffer rows ({self.buffer_rows})")
+        if self.prompt_rows < 0:
+            raise EvospecError(f"prompt rows must be >= 0, got {self.prompt_rows}")
         if self.optimistic_form not in ("hint", "momentum"):
             raise EvospecError(f"optimistic form is 'hint' or 'momentum', got {self.optimistic_form!r}")
 
@@ -151,11 +154,23 @@ class OnlineLearner:
         """Whether its feedback must carry the target's hidden states: when its drafter reads them."""
         return self.drafter.needs_hidden_states
 
+    @property
+    def prompt_rows(self) -> int:
+        """Prompt rows it learns from at each prefill. Only white-box drafters do: a prompt's rows come
+        from a pass that returns hidden states, and a small LM learned nothing from its answers'
+        rows on line (benchmarks/learning-replay-lora-0.5b)."""
+        return self.config.prompt_rows if self.drafter.needs_hidden_states else 0
+
     def begin_request(self) -> None:
         """A request starts (the schedule counts requests)."""
 
     def observe(self, feedback: RoundFeedback) -> None:
-        """Keep a round's feedback; learn if the schedule says so."""
+        """Keep a round's feedback and learn when the schedule says so; learn from a prefill's prompt rows at once."""
+        if feedback.prefill and self.prompt_rows and feedback.top_ids.shape[0] >= 2:
+            # The request's domain, learned before answering it, once: kept in the buffer, the prompt's
+            # rows would crowd the answer's out of the next steps (benchmarks/learning-replay-prompt-1.5b).
+            self._learn_prompt(trace_of(feedback, min(self.prompt_rows, feedback.top_ids.shape[0])))
+            feedback = feedback.last_rows(1)
         self.buffer.add(feedback)
         if feedback.drafter == self.drafter.name and feedback.drafted.numel():
             self.guard.record(feedback.num_accepted, int(feedback.drafted.numel()))
@@ -181,15 +196,27 @@ class OnlineLearner:
         if self.guard.check(self.drafter.module):
             self.stats.rollbacks += 1
             self.reset_optimizer()
-        elif traces := [trace for trace in self.buffer.recent(self.config.batch_rows) if trace.length >= 2]:
-            loss = self.update(lambda module: self.loss(module, traces))
+        else:
+            self._steps(self.buffer.recent(self.config.batch_rows))
+        self.stats.learn_s += time.perf_counter() - start
+
+    def _learn_prompt(self, trace: Trace) -> None:
+        """Steps over a prompt's rows. The guard judges the weights at the next scheduled step: no
+        round has been served since the last one."""
+        start = time.perf_counter()
+        self._steps([trace])
+        self.stats.learn_s += time.perf_counter() - start
+
+    def _steps(self, traces: list[Trace]) -> None:
+        """Steps on traces, batch_rows rows a step."""
+        for batch in _batches(traces, self.config.batch_rows):
+            loss = self.update(lambda module: self.loss(module, batch))
             if loss is None:
                 self.stats.skipped += 1
             else:
                 self.stats.steps += 1
                 self.stats.losses.append(loss)
                 self.drafter.version += 1
-        self.stats.learn_s += time.perf_counter() - start
 
     def loss(self, module: torch.nn.Module, traces: list[Trace]) -> torch.Tensor:
         """Row-weighted mean loss of module over traces."""
@@ -245,6 +272,25 @@ class OnlineLearner:
 
     def _optimizer_nbytes(self) -> int:
         return 0
+
+
+def _batches(traces: list[Trace], rows: int) -> list[list[Trace]]:
+    """Traces cut into windows of at most `rows` rows and packed, in order, into batches of at most
+    `rows` rows. Consecutive windows share a row: a trace's first row has nothing to predict, so none is lost."""
+    windows = []
+    for trace in traces:
+        start = 0
+        while start < trace.length - 1:
+            windows.append(trace.window(start, min(start + rows, trace.length)))
+            start += rows - 1
+    batches, filled = [], rows
+    for window in windows:
+        if filled + window.length > rows:
+            batches.append([])
+            filled = 0
+        batches[-1].append(window)
+        filled += window.length
+    return batches
 
 
 def _gradients(module: torch.nn.Module, loss: torch.Tensor, clip: float) -> list[torch.Tensor] | None:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from evospec.errors import EvospecError
+from evospec.target import PromptPass, top_next_tokens
 
 SEQUENCE = 0  # batch 1: every token lives in sequence 0
 
@@ -136,6 +137,25 @@ class LlamaCppLM:
         if not self._hidden_states:
             raise EvospecError("this llama.cpp context was made without hidden states (new_lm(hidden_states=True))")
         return self._forward(token_ids, num_logits, hidden=True)
+
+    def forward_prompt(self, token_ids: Sequence[int], top_k: int) -> PromptPass:
+        """Append a prompt -> PromptPass (needs a context made with hidden states).
+
+        With embeddings on, llama.cpp computes every token's outputs whatever the batch asks (see
+        _outputs), so reading them after each chunk of the prompt costs only the top-k.
+        """
+        if not self._hidden_states:
+            raise EvospecError("this llama.cpp context was made without hidden states (new_lm(hidden_states=True))")
+        hidden, ids, probs = [], [], []
+        for start in range(0, len(token_ids), self.model.config.batch_size):
+            chunk = token_ids[start : start + self.model.config.batch_size]
+            self._decode(chunk, self.model.config.batch_size, first_output=0)
+            logits, states = self._outputs(len(chunk), hidden=True)
+            top_ids, top_probs = top_next_tokens(logits, top_k)
+            hidden.append(states.clone())  # the next call overwrites the buffers
+            ids.append(top_ids)
+            probs.append(top_probs)
+        return PromptPass(logits[-1:].clone(), torch.cat(hidden), torch.cat(ids), torch.cat(probs))
 
     def _forward(self, token_ids: Sequence[int], num_logits: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = len(token_ids)
