@@ -113,6 +113,31 @@ class FeedbackBuffer:
         )
 
 
+def window_spans(start: int, end: int, size: int) -> list[tuple[int, int]]:
+    """Rows start..end-1 cut into (start, stop) spans of at most `size` >= 2 rows. Consecutive spans
+    share a row: a trace's first row has nothing to predict, so no row is lost."""
+    spans = []
+    while True:
+        stop = min(start + size, end)
+        spans.append((start, stop))
+        if stop == end:
+            return spans
+        start = stop - 1
+
+
+def packed(items: list, lengths: list[int], limit: int) -> list[list]:
+    """items, in order, packed into batches whose lengths add up to at most `limit` (an item longer
+    than that gets a batch of its own)."""
+    batches, filled = [], 0
+    for item, length in zip(items, lengths):
+        if not batches or filled + length > limit:
+            batches.append([])
+            filled = 0
+        batches[-1].append(item)
+        filled += length
+    return batches
+
+
 def trace_of(feedback: RoundFeedback, rows: int) -> Trace:
     """The last `rows` rows of one round's feedback as a trace of their own, without a buffer."""
     first = feedback.tokens.numel() - rows

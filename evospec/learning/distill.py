@@ -38,7 +38,7 @@ from evospec.files import save_tensors_atomically
 from evospec.engine import FEEDBACK_TOP_K
 from evospec.errors import EvospecError
 from evospec.generation import build_engine, encode_prompt
-from evospec.learning.buffer import Trace
+from evospec.learning.buffer import Trace, packed, window_spans
 from evospec.learning.losses import LossConfig, drafter_loss
 from evospec.models.loading import LoadedModel, context_length, eos_token_ids, hidden_size, vocab_size
 from evospec.stats import SpecStats
@@ -344,30 +344,15 @@ class _TraceCache:
 def _windows(samples: list[Sample], size: int) -> list[tuple[int, int, int]]:
     """(sample index, start, end) of each sample's answer from the last prompt token on, in windows of
     at most `size` positions; consecutive windows share one position so that no row is lost."""
-    windows = []
-    for index, sample in enumerate(samples):
-        start, end = sample.prompt_length - 1, sample.tokens.numel()
-        while True:
-            stop = min(start + size, end)
-            windows.append((index, start, stop))
-            if stop == end:
-                break
-            start = stop - 1
-    return windows
+    return [(index, start, stop) for index, sample in enumerate(samples)
+            for start, stop in window_spans(sample.prompt_length - 1, sample.tokens.numel(), size)]
 
 
 def _batches(windows: list[tuple[int, int, int]], epoch: int, config: DistillConfig) -> list[list[tuple[int, int, int]]]:
     """The epoch's windows in a seeded order, packed into batches of at most batch_rows positions."""
     order = torch.randperm(len(windows), generator=torch.Generator().manual_seed((config.seed << 16) + epoch))
-    batches, rows = [[]], 0
-    for window in (windows[i] for i in order.tolist()):
-        length = window[2] - window[1]
-        if batches[-1] and rows + length > config.batch_rows:
-            batches.append([])
-            rows = 0
-        batches[-1].append(window)
-        rows += length
-    return [batch for batch in batches if batch]
+    shuffled = [windows[i] for i in order.tolist()]
+    return packed(shuffled, [stop - start for _, start, stop in shuffled], config.batch_rows)
 
 
 def _batch_loss(drafter: WhiteBoxDrafter, traces: list[Trace]) -> torch.Tensor:

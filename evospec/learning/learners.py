@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 
 from evospec.errors import EvospecError
-from evospec.learning.buffer import FeedbackBuffer, Trace, trace_of
+from evospec.learning.buffer import FeedbackBuffer, Trace, packed, trace_of, window_spans
 from evospec.learning.losses import LossConfig, TrainingOutputs, drafter_loss
 from evospec.types import RoundFeedback
 
@@ -275,22 +275,11 @@ class OnlineLearner:
 
 
 def _batches(traces: list[Trace], rows: int) -> list[list[Trace]]:
-    """Traces cut into windows of at most `rows` rows and packed, in order, into batches of at most
-    `rows` rows. Consecutive windows share a row: a trace's first row has nothing to predict, so none is lost."""
-    windows = []
-    for trace in traces:
-        start = 0
-        while start < trace.length - 1:
-            windows.append(trace.window(start, min(start + rows, trace.length)))
-            start += rows - 1
-    batches, filled = [], rows
-    for window in windows:
-        if filled + window.length > rows:
-            batches.append([])
-            filled = 0
-        batches[-1].append(window)
-        filled += window.length
-    return batches
+    """Traces of 2 or more rows cut into windows of at most `rows` rows (window_spans) and packed, in
+    order, into batches of at most `rows` rows."""
+    windows = [trace.window(start, stop) for trace in traces if trace.length >= 2
+               for start, stop in window_spans(0, trace.length, rows)]
+    return packed(windows, [window.length for window in windows], rows)
 
 
 def _gradients(module: torch.nn.Module, loss: torch.Tensor, clip: float) -> list[torch.Tensor] | None:

@@ -134,8 +134,7 @@ class LlamaCppLM:
 
         Needs a context made with hidden_states. The hidden states are what the output layer reads.
         """
-        if not self._hidden_states:
-            raise EvospecError("this llama.cpp context was made without hidden states (new_lm(hidden_states=True))")
+        self._require_hidden_states()
         return self._forward(token_ids, num_logits, hidden=True)
 
     def forward_prompt(self, token_ids: Sequence[int], top_k: int) -> PromptPass:
@@ -144,8 +143,7 @@ class LlamaCppLM:
         With embeddings on, llama.cpp computes every token's outputs whatever the batch asks (see
         _outputs), so reading them after each chunk of the prompt costs only the top-k.
         """
-        if not self._hidden_states:
-            raise EvospecError("this llama.cpp context was made without hidden states (new_lm(hidden_states=True))")
+        self._require_hidden_states()
         hidden, ids, probs = [], [], []
         for start in range(0, len(token_ids), self.model.config.batch_size):
             chunk = token_ids[start : start + self.model.config.batch_size]
@@ -156,6 +154,10 @@ class LlamaCppLM:
             ids.append(top_ids)
             probs.append(top_probs)
         return PromptPass(logits[-1:].clone(), torch.cat(hidden), torch.cat(ids), torch.cat(probs))
+
+    def _require_hidden_states(self) -> None:
+        if not self._hidden_states:
+            raise EvospecError("this llama.cpp context was made without hidden states (new_lm(hidden_states=True))")
 
     def _forward(self, token_ids: Sequence[int], num_logits: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = len(token_ids)
