@@ -19,9 +19,9 @@ no timing noise: a way to compare learner settings quickly.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
+import typing
 from pathlib import Path
 
 import torch
@@ -96,17 +96,28 @@ def parse_setting(setting: str) -> tuple[str, LearnerConfig]:
     name, _, fields = setting.partition(":")
     if name not in (NO_LEARNER, *LEARNERS):
         raise SystemExit(f"{setting}: unknown learner {name!r}; choose one of {NO_LEARNER}, {', '.join(LEARNERS)}")
-    types = {field.name: field.type for field in dataclasses.fields(LearnerConfig)}
+    types = typing.get_type_hints(LearnerConfig)
     values = {}
     try:
         for item in filter(None, fields.split(",")):
             key, _, value = item.partition("=")
             if key not in types:
                 raise SystemExit(f"{setting}: LearnerConfig has no field {key!r}")
-            values[key] = float(value) if types[key] in (float, "float") else int(value) if types[key] in (int, "int") else value
+            values[key] = parse_value(types[key], value)
         return name, LearnerConfig(**values)
     except (ValueError, EvospecError) as error:
         raise SystemExit(f"{setting}: {error}") from error
+
+
+def parse_value(kind: type, value: str):
+    """A LearnerConfig field's value from its text, by the field's type (ValueError if it is not one)."""
+    if kind is bool:
+        if value not in ("true", "false"):
+            raise ValueError(f"{value!r} is not true or false")
+        return value == "true"
+    if kind not in (float, int, str):
+        raise ValueError(f"a {kind} field cannot be set here")
+    return kind(value)
 
 
 def replay(drafter, learner, samples: list[Sample], desc: str) -> list[list[float]]:

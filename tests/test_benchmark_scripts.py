@@ -22,9 +22,10 @@ from evospec.target import CachedLM
 def test_a_replay_setting_names_a_learner_and_its_config():
     replay = load_script("learning_replay")
     assert replay.parse_setting("none") == ("none", LearnerConfig())
-    assert replay.parse_setting("ogd:schedule=request,batch_rows=128,lr=0.01") == (
-        "ogd", LearnerConfig(schedule="request", batch_rows=128, lr=0.01)
+    assert replay.parse_setting("ensemble:schedule=request,batch_rows=128,lr=0.01,restart_each_chunk=true") == (
+        "ensemble", LearnerConfig(schedule="request", batch_rows=128, lr=0.01, restart_each_chunk=True)
     )
+    assert not replay.parse_setting("ensemble:restart_each_chunk=false")[1].restart_each_chunk
 
 
 @pytest.mark.parametrize(("setting", "message"), [
@@ -33,6 +34,8 @@ def test_a_replay_setting_names_a_learner_and_its_config():
     ("ogd:lr=fast", "could not convert"),
     ("ogd:lr=-1", "learning rate must be > 0"),
     ("ogd:schedule=hourly", "unknown learning schedule"),
+    ("ensemble:restart_each_chunk=yes", "'yes' is not true or false"),
+    ("ensemble:ensemble_scales=1", "cannot be set here"),
 ])
 def test_a_bad_replay_setting_exits_with_one_line(setting, message):
     replay = load_script("learning_replay")

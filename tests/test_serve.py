@@ -27,8 +27,11 @@ import uvicorn
 from conftest import TINY_VOCAB, load_script, tiny_model, word_tokenizer
 from evospec.cli import main
 from evospec.config import GenerationConfig
-from evospec.drafters.registry import build_drafter
+from evospec.drafters.registry import build_drafter, new_white_box_drafter
+from evospec.drafters.whitebox import WhiteBoxConfig
+from evospec.errors import EvospecError
 from evospec.generation import TextGenerator, build_engine
+from evospec.learning import LearnerConfig, build_learner
 from evospec.models.loading import load_model
 from evospec.selection import build_selector
 from evospec.serve.app import create_app
@@ -328,6 +331,35 @@ def test_a_client_that_leaves_stops_its_generation(server, expected):
     assert (text, finish_reason) == (expected[LONG]["text"], expected[LONG]["finish_reason"])
 
 
+def learning_server(model_dir: str) -> Served:
+    """The tiny target with a fresh eagle drafter that an OGD learner trains every other round."""
+    target = load_model(model_dir, "fp32", "hf")
+    torch.manual_seed(0)
+    drafter = new_white_box_drafter("eagle", target, config=WhiteBoxConfig("eagle", 64, head_vocab=80, intermediate_size=96))
+    learner = build_learner("ogd", drafter, LearnerConfig(every=2, batch_rows=16))
+    return Served(TextGenerator(target, build_engine(target, [drafter], learners=[learner])), {"learner:eagle": learner})
+
+
+def test_a_learning_server_answers_as_generate_and_goes_on_learning_after_a_restart(model_dir, expected, tmp_path):
+    """The drafter changes between and within requests, the text never does; what it learned is saved
+    at shutdown and restored at start."""
+    config = ServerConfig(state_dir=tmp_path, **LIMITS)
+    versions = []
+    for prompts in (PROMPTS[:2], PROMPTS[2:]):
+        with serving(config, lambda: learning_server(model_dir)) as url:
+            wait_healthy(url)
+            restored = metric(url, "evospec:drafter_version")
+            openai_client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+            for prompt in prompts:
+                text, finish_reason, usage = completion_text(openai_client, prompt, stream=True)
+                assert (text, finish_reason) == (expected[prompt]["text"], expected[prompt]["finish_reason"])
+                assert usage.model_extra["spec_decode"]["learn_s"] > 0
+            versions.append((restored, metric(url, "evospec:drafter_version")))
+    (first_start, first_end), (second_start, second_end) = versions
+    assert first_start == 0 and first_end > 0
+    assert second_start == first_end and second_end > second_start
+
+
 class Weights:
     """A Stateful component with tensors, as a learner will be."""
 
@@ -342,6 +374,21 @@ class Weights:
 
     def load_state(self, tensors, meta) -> None:
         self.weight, self.steps = tensors["weight"], meta["steps"]
+
+
+def test_state_store_keeps_components_whose_names_are_no_file_names(tmp_path):
+    """The server names a learner after its drafter: 'learner:lora:MODEL', 'learner:eagle'."""
+    store = StateStore(tmp_path)
+    names = ("learner:lora:models/qwen", "learner:eagle")
+    store.save({name: Weights(float(index)) for index, name in enumerate(names)}, drafter_version=1)
+    assert sorted(path.name for path in (tmp_path / "00000001").iterdir()) == [
+        "learner_eagle.json", "learner_eagle.safetensors", "learner_lora_models_qwen.json",
+        "learner_lora_models_qwen.safetensors", "manifest.json"]
+    restored = {name: Weights(7.0) for name in names}
+    assert store.load(restored).sequence == 1
+    assert [float(restored[name].weight[0, 0]) for name in names] == [0.0, 1.0]
+    with pytest.raises(EvospecError, match="would share files"):
+        store.save({"learner:eagle": Weights(1.0), "learner_eagle": Weights(2.0)}, drafter_version=1)
 
 
 def test_state_store_loads_the_newest_complete_save(tmp_path, caplog):

@@ -1,7 +1,8 @@
 """Durable server state: what components have learned, saved atomically and restored at start.
 
-Each save is a directory `<state-dir>/<sequence, 8 digits>/`: per component `<name>.safetensors` (its
-tensors) and `<name>.json` (its metadata), then `manifest.json`, written last, with the SHA-256 of
+Each save is a directory `<state-dir>/<sequence, 8 digits>/`: per component `<stem>.safetensors` (its
+tensors) and `<stem>.json` (its metadata), the stem being its name with what a file name cannot hold
+replaced by "_", then `manifest.json`, written last, with each component's stem and the SHA-256 of
 every other file. Every file goes to a temporary name, is fsynced and renamed into place. A save
 without a manifest, or whose files do not match it (a kill mid-save, a bad disk), is skipped with a
 warning and the newest complete one is loaded. Nothing is pickled.
@@ -85,13 +86,14 @@ class StateStore:
     def save(self, components: Mapping[str, Stateful], drafter_version: int) -> Saved:
         """Write every component's state as the next save, then drop partial saves and all but the newest
         `keep` complete ones."""
+        stems = {name: _file_stem(name) for name in components}
+        if len(set(stems.values())) < len(stems):
+            raise EvospecError(f"component names {sorted(components)} would share files")
         files: dict[str, bytes] = {}
         for name, component in components.items():
-            if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-                raise EvospecError(f"component name {name!r} cannot be a file name")
             tensors = {key: value.detach().cpu().contiguous() for key, value in component.state_tensors().items()}
-            files[f"{name}.safetensors"] = safetensors.torch.save(tensors)
-            files[f"{name}.json"] = json.dumps(component.state_meta(), allow_nan=False).encode()
+            files[f"{stems[name]}.safetensors"] = safetensors.torch.save(tensors)
+            files[f"{stems[name]}.json"] = json.dumps(component.state_meta(), allow_nan=False).encode()
         earlier = self._saves()
         sequence = earlier[-1][0] + 1 if earlier else 1  # never reuse the number of a partial save
         folder = self.directory / f"{sequence:08d}"
@@ -101,7 +103,7 @@ class StateStore:
             time.sleep(self._delay_s)
         manifest = {
             "format": FORMAT, "sequence": sequence, "drafter_version": drafter_version, "saved_at": time.time(),
-            "components": sorted(components), "sha256": {name: _sha256(data) for name, data in files.items()},
+            "components": sorted(components), "stems": stems, "sha256": {name: _sha256(data) for name, data in files.items()},
         }
         write_atomically(folder / MANIFEST, json.dumps(manifest, indent=1), durable=True)
         complete = [path for _, path in earlier if (path / MANIFEST).exists()]
@@ -153,11 +155,17 @@ def _read_save(folder: Path) -> tuple[dict[str, Any], dict[str, tuple[dict[str, 
     altered = sorted(name for name, digest in manifest["sha256"].items() if _sha256(data[name]) != digest)
     if altered:
         raise ValueError(f"checksum mismatch in {', '.join(altered)}")
-    states = {
-        name: (safetensors.torch.load(data[f"{name}.safetensors"]), json.loads(data[f"{name}.json"]))
-        for name in manifest["components"]
-    }
+    stems = manifest.get("stems", {})  # saves of before names were mapped used the names themselves
+    states = {}
+    for name in manifest["components"]:
+        stem = stems.get(name, name)
+        states[name] = (safetensors.torch.load(data[f"{stem}.safetensors"]), json.loads(data[f"{stem}.json"]))
     return manifest, states
+
+
+def _file_stem(name: str) -> str:
+    """A component's name as a file name: 'learner:lora:qwen' -> 'learner_lora_qwen'."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
 def _sha256(data: bytes) -> str:

@@ -144,8 +144,8 @@ class Worker:
     def _save(self, store: StateStore, components: Mapping[str, Stateful], drafter_version: int) -> None:
         try:
             saved = store.save(components, drafter_version)
-        except OSError as error:  # a full disk must not take the server down; the next save tries again
-            log.error("saving the state to %s failed: %s", store.directory, error)
+        except Exception:  # a full disk or a component's bad state must not take the server down; the next save tries again
+            log.exception("saving the state to %s failed", store.directory)
             return
         self._metrics.state_sequence.set(saved.sequence)
         log.info("saved state %d to %s", saved.sequence, store.directory)
