@@ -355,6 +355,8 @@ def test_a_learning_server_answers_as_generate_and_goes_on_learning_after_a_rest
                 assert (text, finish_reason) == (expected[prompt]["text"], expected[prompt]["finish_reason"])
                 assert usage.model_extra["spec_decode"]["learn_s"] > 0
             versions.append((restored, metric(url, "evospec:drafter_version")))
+            assert metric(url, 'evospec:learner_steps{drafter="eagle",outcome="taken"}') == versions[-1][1]
+            assert metric(url, "evospec:learn_seconds_total") > 0
     (first_start, first_end), (second_start, second_end) = versions
     assert first_start == 0 and first_end > 0
     assert second_start == first_end and second_end > second_start

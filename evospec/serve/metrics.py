@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from evospec.learning import OnlineLearner
 from evospec.stats import SpecStats
 
 
@@ -33,6 +36,10 @@ class Metrics:
         self.drafter_version = Gauge("evospec:drafter_version", "Learning updates applied to the drafters.",
                                      registry=self.registry)
         self.learn_seconds = counter("evospec:learn_seconds", "Seconds spent learning (and telling learners what the target said).")
+        # Gauges, not counters: a restart restores the learners' counts from the saved state.
+        self.learner_steps = Gauge("evospec:learner_steps", "Learning steps of each drafter's learner: taken, "
+                                   "skipped (a non-finite loss or gradient) and rolled back by the guard.",
+                                   ("drafter", "outcome"), registry=self.registry)
         self.state_sequence = Gauge("evospec:state_sequence", "Number of the state last saved or loaded (0: none).",
                                     registry=self.registry)
 
@@ -49,6 +56,13 @@ class Metrics:
             self.selector_pulls.labels(name).inc(arm.pulls)
         for position, count in enumerate(stats.num_accepted_tokens_per_pos):
             self.num_accepted_tokens_per_pos.labels(str(position)).inc(count)
+
+    def observe_learners(self, learners: Sequence[OnlineLearner]) -> None:
+        """The learners' step counts so far."""
+        for learner in learners:
+            stats = learner.stats
+            for outcome, count in (("taken", stats.steps), ("skipped", stats.skipped), ("rolled_back", stats.rollbacks)):
+                self.learner_steps.labels(learner.drafter.name, outcome).set(count)
 
     def exposition(self) -> bytes:
         """The Prometheus text format."""

@@ -86,6 +86,7 @@ class Worker:
             return
         store = StateStore(self._config.state_dir) if self._config.state_dir else None
         drafter_version = self._restore(store, components)
+        self._metrics.observe_learners(served.generator.engine.learners)
         self.ready.set()
         unsaved = 0
         while (job := self._jobs.get()) is not None:
@@ -93,6 +94,7 @@ class Worker:
                 unsaved += 1
                 drafter_version = _drafter_version(served) or drafter_version
                 self._metrics.drafter_version.set(drafter_version)
+                self._metrics.observe_learners(served.generator.engine.learners)
             if store and unsaved >= self._config.save_every:
                 self._save(store, components, drafter_version)
                 unsaved = 0
