@@ -51,6 +51,7 @@ def main() -> None:
                         help="small LM: tokens before the answer so far that it reads, to predict and to learn")
     parser.add_argument("--traces", required=True, type=Path, help="cache of the target's answers (made if missing)")
     parser.add_argument("--per-category", type=int, default=5)
+    parser.add_argument("--category", help="one Spec-Bench category only (default: the domain-shift stream of all six)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--setting", action="append", required=True,
                         help="none, or LEARNER[:field=value,...] with LearnerConfig fields, e.g. ogd:lr=0.5,every=8")
@@ -62,9 +63,11 @@ def main() -> None:
         adapters = AdapterConfig(context_tokens=args.context_tokens)
     except EvospecError as error:
         raise SystemExit(str(error)) from error
+    prompts = [prompt for prompt in spec_bench(args.per_category) if args.category in (None, prompt.category)]
+    if not prompts:
+        raise SystemExit(f"Spec-Bench has no category {args.category!r}")
     torch.set_num_threads(2)
     target = load_model(args.target)
-    prompts = spec_bench(args.per_category)
     samples = collect(target, [prompt.text for prompt in prompts], args.traces,
                       DistillConfig(max_new_tokens=args.max_new_tokens)).samples
     categories = [prompt.category for prompt in prompts]
@@ -84,7 +87,8 @@ def main() -> None:
         }
         print(f"{setting}: agreement {methods[setting]['agreement']:.3f}", flush=True)
     results = {"command": "python benchmarks/learning_replay.py " + " ".join(sys.argv[1:]), "target": args.target,
-               "drafter": str(args.white_box) if kind else f"lora:{args.small_lm}", "stream": "domain-shift", "prompts": len(samples),
+               "drafter": str(args.white_box) if kind else f"lora:{args.small_lm}",
+               "stream": f"category:{args.category}" if args.category else "domain-shift", "prompts": len(samples),
                "max_new_tokens": args.max_new_tokens, "methods": methods}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -56,7 +56,7 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     learning.add_argument("--buffer-rows", type=int, default=LEARNING.buffer_rows,
                           help="feedback rows (verified positions) kept for learning")
     learning.add_argument("--learn-prompt-rows", type=int, default=LEARNING.prompt_rows,
-                          help="eagle, hydra: learn from this many of a prompt's last rows before answering it (0: never)")
+                          help="eagle, hydra: learn from this many of a prompt's last rows while answering it, a step a round (0: never)")
     _add_generation_options(parser)
 
 
@@ -276,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--lr", type=float, default=LEARNING.lr, help="the learners' learning rate")
     bench.add_argument("--learn-every", type=int, default=LEARNING.every, help="rounds between learning steps")
     bench.add_argument("--learn-prompt-rows", type=int, default=LEARNING.prompt_rows,
-                       help="prompt rows the learners learn from before each answer (0: never)")
+                       help="prompt rows the learners learn from while answering each prompt (0: never)")
     bench.add_argument("--per-category", type=int, default=5)
     bench.add_argument("--out", default="benchmarks/latest", help="directory for results.json, results.md, plot")
     _add_generation_options(bench)

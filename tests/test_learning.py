@@ -136,14 +136,33 @@ def prefill(prompt_length: int) -> RoundFeedback:
 
 
 @pytest.mark.parametrize(("prompt_rows", "steps"), [(0, 0), (40, 3), (1024, 7)])
-def test_a_prefill_teaches_the_drafter_its_prompt_once(sharp_target, prompt_rows, steps):
-    """The last prompt_rows rows, batch_rows a step (consecutive windows share a row), before any
-    round; then only the last row stays for the scheduled steps (without prompt_rows all stay)."""
+def test_a_prefill_teaches_the_drafter_its_prompt_once_a_step_a_round(sharp_target, prompt_rows, steps):
+    """The last prompt_rows rows, batch_rows a step (consecutive windows share a row): one step at the
+    prefill, one each round after; only the prompt's last row stays for the scheduled steps (without
+    prompt_rows all stay)."""
     drafter = white_box("eagle", sharp_target)
-    learner = build_learner("ogd", drafter, LearnerConfig(batch_rows=16, prompt_rows=prompt_rows))
+    learner = build_learner("ogd", drafter, LearnerConfig(batch_rows=16, prompt_rows=prompt_rows, every=1000))
     learner.observe(prefill(prompt_length=100))  # 99 rows to predict: 6 windows of 15, one of 9
-    assert learner.stats.steps == drafter.version == steps
-    assert len(learner.buffer) == (1 if prompt_rows else 100)
+    assert learner.stats.steps == min(steps, 1) and len(learner.buffer) == (1 if prompt_rows else 100)
+    assert (learner.nbytes()["prompt"] > 0) == (steps > 1)  # the rows of the steps still to come
+    versions = []
+    for round_ in range(8):
+        learner.observe(feedback(request=0, position=100 + 3 * round_, rows=3))
+        versions.append(drafter.version)
+    assert versions == [min(steps, round_ + 2) for round_ in range(8)] and learner.stats.steps == steps
+
+
+def test_prompt_steps_come_before_scheduled_ones_and_end_with_their_request(sharp_target):
+    drafter = white_box("eagle", sharp_target)
+    learner = build_learner("ogd", drafter, LearnerConfig(batch_rows=16, every=1))  # a scheduled step every round
+    learner.observe(prefill(prompt_length=100))  # 7 prompt steps
+    for round_ in range(3):  # never more than one step a round
+        learner.observe(feedback(request=0, position=100 + 3 * round_, rows=3))
+        assert drafter.version == round_ + 2
+    learner.end_request()  # 3 of the prompt's steps were never taken: they are dropped
+    assert learner.nbytes()["prompt"] == 0
+    learner.observe(feedback(request=1, position=0, rows=3))
+    assert drafter.version == 5 and learner.stats.steps == 5  # the scheduled step, at last
 
 
 def test_the_buffer_stays_bounded_on_an_endless_stream():

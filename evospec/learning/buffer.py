@@ -32,6 +32,11 @@ class Trace:
     def length(self) -> int:
         return int(self.tokens.numel())
 
+    @property
+    def nbytes(self) -> int:
+        tensors = (self.tokens, self.prefix, self.hidden, self.top_ids, self.top_probs, self.rejected)
+        return sum(tensor.nbytes for tensor in tensors if tensor is not None)
+
     def window(self, start: int, end: int) -> Trace:
         """Rows start..end-1 as a trace of their own (the rows before them join its prefix)."""
         return Trace(

@@ -8,7 +8,7 @@ loss the online learners use (forward KL to the target, plus EAGLE's feature reg
 
 A drafter learns from each answer from the last prompt token on: when it serves, that is where its
 inputs begin (the EAGLE layer's cache starts at the first generated token) and what the online
-learners' scheduled steps cover (they also step once over each prompt, at its prefill).
+learners' scheduled steps cover (they also step once over each prompt, while answering it).
 
 The output directory holds:
   traces/NNNNNN.safetensors  one per sample: tokens, hidden (bf16), top_ids, top_probs; never collected twice

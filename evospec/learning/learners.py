@@ -37,7 +37,7 @@ class LearnerConfig:
     every: int = 24  # a 64-row step costs ~2.5 target steps on a 2-core CPU: learn from the new rows, not every round
     buffer_rows: int = 4096  # feedback rows kept; the oldest go first
     batch_rows: int = 64  # a step learns from the newest rows
-    prompt_rows: int = 1024  # white-box drafters: learn from the prompt's last rows at its prefill, before answering it (0: never)
+    prompt_rows: int = 1024  # white-box drafters: learn from the prompt's last rows while answering it, a step a round (0: never)
     optimistic_form: str = "hint"  # hint: 2 g_t - g_{t-1}; momentum: SGD with `momentum`
     momentum: float = 0.9
     ensemble_scales: tuple[float, ...] = (1.0, 2.0, 4.0)  # the copies' learning rates, in units of lr
@@ -148,6 +148,7 @@ class OnlineLearner:
         self.guard = _Guard(config)
         self._rounds = 0
         self._requests = 0
+        self._prompt_steps: deque[list[Trace]] = deque()  # batches of the current request's prompt still to learn
 
     @property
     def needs_hidden_states(self) -> bool:
@@ -165,22 +166,29 @@ class OnlineLearner:
         """A request starts (the schedule counts requests)."""
 
     def observe(self, feedback: RoundFeedback) -> None:
-        """Keep a round's feedback and learn when the schedule says so; learn from a prefill's prompt rows at once."""
+        """Keep a round's feedback and learn when the schedule says so. A prefill's prompt rows are
+        learned while its answer is made, one step a round (the first at the prefill), the rows next
+        to the answer first: no round waits for more than one step."""
         if feedback.prefill and self.prompt_rows and feedback.top_ids.shape[0] >= 2:
-            # The request's domain, learned before answering it, once: kept in the buffer, the prompt's
-            # rows would crowd the answer's out of the next steps (benchmarks/learning-replay-prompt-1.5b).
-            self._learn_prompt(trace_of(feedback, min(self.prompt_rows, feedback.top_ids.shape[0])))
+            # The request's domain, learned once: kept in the buffer, the prompt's rows would crowd the
+            # answer's out of the next steps (benchmarks/learning-replay-prompt-1.5b).
+            trace = trace_of(feedback, min(self.prompt_rows, feedback.top_ids.shape[0]))
+            self._prompt_steps = deque(reversed(_batches([trace], self.config.batch_rows)))
             feedback = feedback.last_rows(1)
         self.buffer.add(feedback)
         if feedback.drafter == self.drafter.name and feedback.drafted.numel():
             self.guard.record(feedback.num_accepted, int(feedback.drafted.numel()))
         if feedback.drafter is not None:
             self._rounds += 1
-        if self.config.schedule == "rounds" and self._rounds >= self.config.every:
+        if self._prompt_steps:  # a scheduled step waits for a round without one
+            self._learn_prompt()
+        elif self.config.schedule == "rounds" and self._rounds >= self.config.every:
             self.learn()
 
     def end_request(self) -> None:
-        """A request ended: learn if the schedule says so."""
+        """A request ended: learn if the schedule says so. Prompt steps its answer left no rounds
+        for are dropped: a prompt's steps are for its own answer."""
+        self._prompt_steps.clear()
         self._requests += 1
         if self.config.schedule == "request" or (self.config.schedule == "chunk" and self._requests % self.config.every == 0):
             self.learn()
@@ -200,23 +208,25 @@ class OnlineLearner:
             self._steps(self.buffer.recent(self.config.batch_rows))
         self.stats.learn_s += time.perf_counter() - start
 
-    def _learn_prompt(self, trace: Trace) -> None:
-        """Steps over a prompt's rows. The guard judges the weights at the next scheduled step: no
-        round has been served since the last one."""
+    def _learn_prompt(self) -> None:
+        """The next step on the prompt's rows. The guard judges the weights at the next scheduled step."""
         start = time.perf_counter()
-        self._steps([trace])
+        self._step(self._prompt_steps.popleft())
         self.stats.learn_s += time.perf_counter() - start
 
     def _steps(self, traces: list[Trace]) -> None:
         """Steps on traces, batch_rows rows a step."""
         for batch in _batches(traces, self.config.batch_rows):
-            loss = self.update(lambda module: self.loss(module, batch))
-            if loss is None:
-                self.stats.skipped += 1
-            else:
-                self.stats.steps += 1
-                self.stats.losses.append(loss)
-                self.drafter.version += 1
+            self._step(batch)
+
+    def _step(self, batch: list[Trace]) -> None:
+        loss = self.update(lambda module: self.loss(module, batch))
+        if loss is None:
+            self.stats.skipped += 1
+        else:
+            self.stats.steps += 1
+            self.stats.losses.append(loss)
+            self.drafter.version += 1
 
     def loss(self, module: torch.nn.Module, traces: list[Trace]) -> torch.Tensor:
         """Row-weighted mean loss of module over traces."""
@@ -267,8 +277,9 @@ class OnlineLearner:
                 **self.stats.to_dict(), "memory_bytes": self.nbytes()}
 
     def nbytes(self) -> dict[str, int]:
-        """Memory held: feedback buffer, optimizer state (and copies), the guard's good weights."""
-        return {"buffer": self.buffer.nbytes(), "optimizer": self._optimizer_nbytes(), "guard": self.guard.nbytes()}
+        """Memory held: feedback buffer, the prompt rows still to learn, optimizer state (and copies), the guard's good weights."""
+        prompt = sum(trace.nbytes for batch in self._prompt_steps for trace in batch)
+        return {"buffer": self.buffer.nbytes(), "prompt": prompt, "optimizer": self._optimizer_nbytes(), "guard": self.guard.nbytes()}
 
     def _optimizer_nbytes(self) -> int:
         return 0
