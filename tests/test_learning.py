@@ -152,6 +152,17 @@ def test_a_prefill_teaches_the_drafter_its_prompt_once_a_step_a_round(sharp_targ
     assert versions == [min(steps, round_ + 2) for round_ in range(8)] and learner.stats.steps == steps
 
 
+@pytest.mark.parametrize("learner", LEARNERS)
+def test_greedy_output_is_plain_decoding_while_the_drafter_learns_its_prompt_round_by_round(sharp_target, learner):
+    drafter = white_box("eagle", sharp_target)
+    trainer = build_learner(learner, drafter, LearnerConfig(every=3, batch_rows=8, lr=0.5))
+    engine = Engine(CachedLM(sharp_target.model), [drafter], frozenset(), 256, learners=[trainer])
+    prompts = [prompt * 3 for prompt in random_prompts(3, seed=11)]  # up to 99 tokens: up to 14 prompt steps
+    outputs, stats = run(engine, prompts)
+    assert outputs == [reference_greedy(sharp_target.model, prompt, 32) for prompt in prompts]
+    assert trainer.stats.steps > len(prompts) + 3 and drafter.version == trainer.stats.steps
+
+
 def test_prompt_steps_come_before_scheduled_ones_and_end_with_their_request(sharp_target):
     drafter = white_box("eagle", sharp_target)
     learner = build_learner("ogd", drafter, LearnerConfig(batch_rows=16, every=1))  # a scheduled step every round
