@@ -147,8 +147,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
 
     def load() -> Served:
-        generator = load_generator()
-        return Served(generator, {f"learner:{l.drafter.name}": l for l in generator.engine.learners})
+        return Served.with_learners(load_generator())
 
     serve(config, args.served_model_name or args.target, load, defaults)
 

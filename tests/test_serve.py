@@ -337,7 +337,7 @@ def learning_server(model_dir: str) -> Served:
     torch.manual_seed(0)
     drafter = new_white_box_drafter("eagle", target, config=WhiteBoxConfig("eagle", 64, head_vocab=80, intermediate_size=96))
     learner = build_learner("ogd", drafter, LearnerConfig(every=2, batch_rows=16))
-    return Served(TextGenerator(target, build_engine(target, [drafter], learners=[learner])), {"learner:eagle": learner})
+    return Served.with_learners(TextGenerator(target, build_engine(target, [drafter], learners=[learner])))
 
 
 def test_a_learning_server_answers_as_generate_and_goes_on_learning_after_a_restart(model_dir, expected, tmp_path):

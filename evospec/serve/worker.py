@@ -29,6 +29,11 @@ class Served:
     generator: TextGenerator
     components: Mapping[str, Stateful] = field(default_factory=dict)
 
+    @classmethod
+    def with_learners(cls, generator: TextGenerator) -> Served:
+        """The generator, its learners kept across restarts, each named after its drafter."""
+        return cls(generator, {f"learner:{learner.drafter.name}": learner for learner in generator.engine.learners})
+
 
 @dataclass
 class Job:
