@@ -2,10 +2,10 @@
 
 Each save is a directory `<state-dir>/<sequence, 8 digits>/`: per component `<stem>.safetensors` (its
 tensors) and `<stem>.json` (its metadata), the stem being its name with what a file name cannot hold
-replaced by "_", then `manifest.json`, written last, with each component's stem and the SHA-256 of
-every other file. Every file goes to a temporary name, is fsynced and renamed into place. A save
-without a manifest, or whose files do not match it (a kill mid-save, a bad disk), is skipped with a
-warning and the newest complete one is loaded. Nothing is pickled.
+replaced by "_", then `manifest.json`, written last, with the SHA-256 of every other file. Every
+file goes to a temporary name, is fsynced and renamed into place. A save without a manifest, or
+whose files do not match it (a kill mid-save, a bad disk), is skipped with a warning and the newest
+complete one is loaded. Nothing is pickled.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class StateStore:
             time.sleep(self._delay_s)
         manifest = {
             "format": FORMAT, "sequence": sequence, "drafter_version": drafter_version, "saved_at": time.time(),
-            "components": sorted(components), "stems": stems, "sha256": {name: _sha256(data) for name, data in files.items()},
+            "components": sorted(components), "sha256": {name: _sha256(data) for name, data in files.items()},
         }
         write_atomically(folder / MANIFEST, json.dumps(manifest, indent=1), durable=True)
         complete = [path for _, path in earlier if (path / MANIFEST).exists()]
@@ -155,11 +155,11 @@ def _read_save(folder: Path) -> tuple[dict[str, Any], dict[str, tuple[dict[str, 
     altered = sorted(name for name, digest in manifest["sha256"].items() if _sha256(data[name]) != digest)
     if altered:
         raise ValueError(f"checksum mismatch in {', '.join(altered)}")
-    stems = manifest.get("stems", {})  # saves of before names were mapped used the names themselves
-    states = {}
-    for name in manifest["components"]:
-        stem = stems.get(name, name)
-        states[name] = (safetensors.torch.load(data[f"{stem}.safetensors"]), json.loads(data[f"{stem}.json"]))
+    stems = {name: _file_stem(name) for name in manifest["components"]}
+    states = {
+        name: (safetensors.torch.load(data[f"{stem}.safetensors"]), json.loads(data[f"{stem}.json"]))
+        for name, stem in stems.items()
+    }
     return manifest, states
 
 
