@@ -66,7 +66,7 @@ class Engine:
         self._prompt_rows = max((learner.prompt_rows for learner in self.learners), default=0)
         self.requests = 0
         self._hidden: torch.Tensor | None = None  # the last pass's hidden states [n, H], when listeners want them
-        self._prompt: PromptPass | None = None  # the prefill's view of every prompt token, when learners learn from it
+        self._prompt: PromptPass | None = None  # the prefill's view of the prompt's last tokens, when learners learn from them
         self._pass_s = 0.0  # seconds of the last target pass
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig, stats: SpecStats) -> Iterator[int]:
@@ -128,7 +128,7 @@ class Engine:
         listeners that read them, hidden states come too and wait in self._hidden for _tell_listeners."""
         start = time.perf_counter()
         if prefill and self._prompt_rows:
-            self._prompt = self.target.forward_prompt(token_ids, FEEDBACK_TOP_K)
+            self._prompt = self.target.forward_prompt(token_ids, FEEDBACK_TOP_K, self._prompt_rows)
             logits, self._hidden = self._prompt.logits, self._prompt.hidden
         elif self._reads_hidden:
             logits, self._hidden = self.target.forward_with_hidden(token_ids, num_logits=1 if prefill else 0)
@@ -171,9 +171,8 @@ class Engine:
         start = time.perf_counter()
         drafted = attempt.draft.tokens if attempt else torch.empty(0, dtype=torch.long)
         first = 0 if prefill else len(context) - 1
-        if prefill and self._prompt is not None:
-            rows = min(len(context), self._prompt_rows)
-            hidden, top_ids, top_probs = self._prompt.hidden[-rows:], self._prompt.top_ids[-rows:], self._prompt.top_probs[-rows:]
+        if prefill and self._prompt is not None:  # the prompt's last rows, as many as learners learn from
+            hidden, top_ids, top_probs = self._prompt.hidden, self._prompt.top_ids, self._prompt.top_probs
             self._prompt = None
         else:
             rows = verdict.num_accepted + 1

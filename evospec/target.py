@@ -18,9 +18,9 @@ class PromptPass:
     text the target has read, so its features and next-token distributions there are feedback too."""
 
     logits: torch.Tensor  # [1, V] at the last token, exactly as forward(num_logits=1) returns them
-    hidden: torch.Tensor  # [n, H] float32 final hidden states at every token
-    top_ids: torch.Tensor  # [n, K] int64 the most likely next tokens after each token
-    top_probs: torch.Tensor  # [n, K] float32 their probabilities (temperature 1)
+    hidden: torch.Tensor  # [r, H] float32 final hidden states at each of the last r tokens
+    top_ids: torch.Tensor  # [r, K] int64 the most likely next tokens after each of them
+    top_probs: torch.Tensor  # [r, K] float32 their probabilities (temperature 1)
 
 
 def top_next_tokens(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,9 +49,9 @@ class LanguageModel(Protocol):
         The hidden states are the ones the output layer reads (after the final norm).
         """
 
-    def forward_prompt(self, token_ids: Sequence[int], top_k: int) -> PromptPass:
+    def forward_prompt(self, token_ids: Sequence[int], top_k: int, rows: int) -> PromptPass:
         """Append a prompt to the (empty) cache -> its last token's logits, and hidden states and the
-        top_k next tokens at every token."""
+        top_k next tokens at each of its last `rows` (>= 1) tokens (every token of a shorter prompt)."""
 
     def trim(self, length: int) -> None:
         """Keep the first `length` cached tokens."""
@@ -84,12 +84,12 @@ class CachedLM:
         rows = out.logits.shape[1]
         return out.logits[0].cpu(), out.hidden_states[-1][0, -rows:].cpu()
 
-    def forward_prompt(self, token_ids: Sequence[int], top_k: int) -> PromptPass:
+    def forward_prompt(self, token_ids: Sequence[int], top_k: int, rows: int) -> PromptPass:
         """Append a prompt -> PromptPass. The last token's logits are computed as forward(num_logits=1)
         computes them; the other rows' come from the output layer applied to the hidden states, a
         few hundred rows at a time (a prompt's full [n, V] logits would take gigabytes)."""
         out = self._forward(token_ids, 1, hidden_states=True)
-        hidden = out.hidden_states[-1][0]  # [n, H] on the model's device
+        hidden = out.hidden_states[-1][0, -rows:]  # [r, H] on the model's device
         head = self.model.get_output_embeddings()
         with torch.inference_mode():
             tops = [top_next_tokens(head(hidden[start : start + HEAD_ROWS_PER_CALL]), top_k)

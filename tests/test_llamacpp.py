@@ -107,7 +107,7 @@ def test_a_prompt_pass_reads_every_chunk_of_a_long_prompt(smollm):
     ids = (encode_prompt(smollm, PROMPTS[0], chat=True) * 40)[:700]
     assert len(ids) > smollm.model.config.batch_size
     white_box = smollm.new_lm(hidden_states=True)
-    passed = white_box.forward_prompt(ids, top_k=8)
+    passed = white_box.forward_prompt(ids, top_k=8, rows=1024)
     assert passed.hidden.shape == (700, smollm.model.hidden_size) and passed.top_ids.shape == passed.top_probs.shape == (700, 8)
     assert white_box.length == 700
     white_box.reset()
@@ -117,6 +117,10 @@ def test_a_prompt_pass_reads_every_chunk_of_a_long_prompt(smollm):
     logits, hidden = white_box.forward_with_hidden(ids[:300], num_logits=300)  # one call: the first chunk's rows
     assert torch.equal(passed.hidden[:300], hidden)
     assert torch.equal(passed.top_ids[:300], logits.topk(8).indices)
+    white_box.reset()
+    last_rows = white_box.forward_prompt(ids, top_k=8, rows=250)  # from inside the first chunk on
+    assert torch.equal(last_rows.logits, passed.logits) and torch.equal(last_rows.hidden, passed.hidden[-250:])
+    assert torch.equal(last_rows.top_ids, passed.top_ids[-250:]) and white_box.length == 700
 
 
 def test_a_small_lm_drafter_on_llamacpp_is_lossless_with_early_stop(smollm, expected):

@@ -29,7 +29,7 @@ def test_num_logits_keeps_the_last_rows(tiny_target):
 
 def test_a_prompt_pass_scores_every_prompt_token_and_keeps_the_prefills_logits(tiny_target):
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    passed = CachedLM(tiny_target).forward_prompt(prompt, top_k=4)
+    passed = CachedLM(tiny_target).forward_prompt(prompt, top_k=4, rows=100)
     logits, hidden = CachedLM(tiny_target).forward_with_hidden(prompt)
     assert torch.equal(passed.logits, CachedLM(tiny_target).forward(prompt, num_logits=1))
     torch.testing.assert_close(passed.hidden, hidden)
@@ -37,3 +37,6 @@ def test_a_prompt_pass_scores_every_prompt_token_and_keeps_the_prefills_logits(t
     assert torch.equal(passed.top_ids, top_ids)
     torch.testing.assert_close(passed.top_probs, top_probs)
     torch.testing.assert_close(top_probs, torch.softmax(logits, dim=-1).topk(4).values)
+    last_three = CachedLM(tiny_target).forward_prompt(prompt, top_k=4, rows=3)  # only the rows learners take
+    assert torch.equal(last_three.logits, passed.logits) and torch.equal(last_three.top_ids, top_ids[-3:])
+    torch.testing.assert_close(last_three.hidden, hidden[-3:])

@@ -137,18 +137,22 @@ class LlamaCppLM:
         self._require_hidden_states()
         return self._forward(token_ids, num_logits, hidden=True)
 
-    def forward_prompt(self, token_ids: Sequence[int], top_k: int) -> PromptPass:
+    def forward_prompt(self, token_ids: Sequence[int], top_k: int, rows: int) -> PromptPass:
         """Append a prompt -> PromptPass (needs a context made with hidden states).
 
         With embeddings on, llama.cpp computes every token's outputs whatever the batch asks (see
-        _outputs), so reading them after each chunk of the prompt costs only the top-k.
+        _outputs), so reading the last `rows` after each chunk of the prompt costs only their top-k.
         """
         self._require_hidden_states()
+        first_row = max(0, len(token_ids) - rows)
         hidden, ids, probs = [], [], []
         for start in range(0, len(token_ids), self.model.config.batch_size):
             chunk = token_ids[start : start + self.model.config.batch_size]
             self._decode(chunk, self.model.config.batch_size, first_output=0)
-            logits, states = self._outputs(len(chunk), hidden=True)
+            wanted = start + len(chunk) - max(start, first_row)
+            if wanted <= 0:
+                continue
+            logits, states = self._outputs(wanted, hidden=True)
             top_ids, top_probs = top_next_tokens(logits, top_k)
             hidden.append(states.clone())  # the next call overwrites the buffers
             ids.append(top_ids)
