@@ -63,9 +63,11 @@ def main() -> None:
         adapters = AdapterConfig(context_tokens=args.context_tokens)
     except EvospecError as error:
         raise SystemExit(str(error)) from error
-    prompts = [prompt for prompt in spec_bench(args.per_category) if args.category in (None, prompt.category)]
+    stream = spec_bench(args.per_category)
+    prompts = [prompt for prompt in stream if args.category in (None, prompt.category)]
     if not prompts:
-        raise SystemExit(f"Spec-Bench has no category {args.category!r}")
+        known = ", ".join(dict.fromkeys(prompt.category for prompt in stream))
+        raise SystemExit(f"Spec-Bench has no category {args.category!r}; choose one of {known}")
     torch.set_num_threads(2)
     target = load_model(args.target)
     samples = collect(target, [prompt.text for prompt in prompts], args.traces,

@@ -52,6 +52,15 @@ def test_a_negative_context_window_exits_before_loading_anything(monkeypatch, tm
         replay.main()
 
 
+def test_an_unknown_replay_category_exits_before_loading_anything(monkeypatch, tmp_path):
+    replay = load_script("learning_replay")
+    argv = ["learning_replay.py", "--small-lm", "no-such-model", "--traces", str(tmp_path), "--setting", "none",
+            "--category", "poetry", "--out", str(tmp_path)]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit, match="Spec-Bench has no category 'poetry'"):
+        replay.main()
+
+
 def test_a_policy_replay_method_is_a_bench_method_with_adaptive_settings():
     replay = load_script("policy_replay")
     assert replay.parse_method("evospec:ngram/k=auto@discount=0.995,exploration=0.2", "small") == (
