@@ -70,7 +70,7 @@ def main() -> None:
             )
 
             def draft(k: int) -> None:
-                drafter.begin(context[:-10])  # eagle catches up on the same 10 verified tokens each time
+                drafter.begin(context[:-10], ())  # eagle catches up on the same 10 verified tokens each time
                 drafter.observe(feedback)
                 drafter.propose(context, k, sampler)
 

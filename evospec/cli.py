@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from evospec.bench import SUITES
 from evospec.config import BACKENDS, DEFAULT_DTYPE, DTYPES, GenerationConfig, SamplingConfig
 from evospec.errors import EvospecError
 from evospec.learning.learners import LEARNERS, NO_LEARNER, SCHEDULES, LearnerConfig
@@ -36,12 +37,22 @@ def _add_generation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens)
     parser.add_argument("--backend", choices=BACKENDS, help="default: llamacpp for GGUF files and zoo aliases on a CPU, hf otherwise")
     parser.add_argument("--dtype", choices=DTYPES, help=f"hf backend only (default {DEFAULT_DTYPE})")
+    parser.add_argument("--exact-verify", action="store_true",
+                        help="llama.cpp: verify in calls of at most 3 rows, each computed as a one-token step, so "
+                             "the output is plain decoding's bit for bit where the kernels allow (slower)")
+
+
+def _llamacpp_config(args: argparse.Namespace):
+    """The llama.cpp settings the options name (LlamaCppConfig)."""
+    from evospec.models.llamacpp import LlamaCppConfig
+
+    return LlamaCppConfig(exact_verify=args.exact_verify)
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="zoo alias, local directory, .gguf file or HF id")
     parser.add_argument("--drafter", action="append",
-                        help="none | ngram | suffix | eagle[:CHECKPOINT] | hydra[:CHECKPOINT] | lm:MODEL (or just MODEL) | "
+                        help="none | ngram | suffix | prediction | eagle[:CHECKPOINT] | hydra[:CHECKPOINT] | lm:MODEL (or just MODEL) | "
                              "lora:MODEL (a small LM whose adapters --learner trains); "
                              "repeat for a selector to pick among")
     parser.add_argument("--selector", help="ucb-bd (default with several drafters) | ucb-be | ucb-speed | exp3 | thompson | "
@@ -98,7 +109,7 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
         from evospec.models.loading import load_model
         from evospec.selection import DEFAULT_SELECTOR, build_selector
 
-        target = load_model(args.target, args.dtype, args.backend)
+        target = load_model(args.target, args.dtype, args.backend, _llamacpp_config(args))
         drafters = [drafter for spec in specs if (drafter := build_drafter(spec, target, args.dtype))]
         names = [drafter.name for drafter in drafters]
         selector = build_selector(args.selector or DEFAULT_SELECTOR, names) if len(drafters) > 1 else None
@@ -113,10 +124,28 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
     return load
 
 
+def _read_prediction(source: str | None) -> str | None:
+    """The text of --prediction FILE ('-': standard input)."""
+    if source is None:
+        return None
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).expanduser().read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise EvospecError(f"--prediction {source}: cannot read it ({error})") from error
+    if not text.strip():
+        raise EvospecError(f"--prediction {source}: the prediction is empty")
+    return text
+
+
 def cmd_generate(args: argparse.Namespace) -> None:
     config = _generation_config(args)  # validate settings before loading GBs of weights
+    from evospec.drafters.prediction import PREDICTION
+
+    prediction = _read_prediction(args.prediction)
+    if prediction is not None and not args.drafter:
+        args.drafter = [PREDICTION]  # what drafts a prediction
     generator = _generator_loader(args, config)()
-    stream = generator.stream(args.prompt, config, chat=args.chat)
+    stream = generator.stream(args.prompt, config, chat=args.chat, prediction=prediction)
     if args.json:
         for _ in stream:
             pass
@@ -142,6 +171,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     config = ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key, save_every=args.save_every,
         state_dir=Path(args.state_dir) if args.state_dir else None, max_prompt_tokens=args.max_prompt_tokens,
+        max_prediction_tokens=args.max_prediction_tokens,
         max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
     )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
@@ -197,6 +227,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         command="evospec " + shlex.join(sys.argv[1:]),
         white_box=Path(args.white_box).expanduser() if args.white_box else None,
         learning=LearnerConfig(lr=args.lr, every=args.learn_every, prompt_rows=args.learn_prompt_rows),
+        llamacpp=_llamacpp_config(args),
     )
     run_bench(settings)
 
@@ -231,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--stop", action="append", help="stop before this string (repeatable)")
     generate.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     generate.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    generate.add_argument("--prediction", metavar="FILE",
+                          help="text the output will repeat much of, e.g. the code being edited ('-': stdin); "
+                               "drafted by the prediction drafter (the default drafter with this option)")
     generate.set_defaults(handler=cmd_generate)
 
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, chat, metrics)")
@@ -243,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--state-dir", help="save learned state here and restore it at start (default: keep nothing)")
     serve.add_argument("--save-every", type=int, default=SERVER.save_every, help="requests between saves of the state")
     serve.add_argument("--max-prompt-tokens", type=int, default=SERVER.max_prompt_tokens)
+    serve.add_argument("--max-prediction-tokens", type=int, default=SERVER.max_prediction_tokens,
+                       help="the longest prediction (OpenAI Predicted Outputs) a request may send")
     serve.add_argument("--max-tokens-limit", type=int, default=SERVER.max_tokens_limit,
                        help="the largest max_tokens a request may ask for (--max-new-tokens: when it asks for none)")
     serve.add_argument("--max-body-bytes", type=int, default=SERVER.max_body_bytes)
@@ -266,11 +302,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--target", default=DEFAULT_TARGET)
     bench.add_argument("--draft-model", default=DEFAULT_DRAFT_MODEL)
     bench.add_argument("--method", action="append", help="a method to run (repeatable); default: the suite's")
-    bench.add_argument("--suite", choices=("engine", "selection", "learning"), default="engine",
+    bench.add_argument("--suite", choices=SUITES, default="engine",
                        help="engine: baselines and each drafter; selection: each drafter, every selector, the oracle; "
+                            "edit: baselines and the model-free drafters (ngram, suffix, prediction) with adaptive k; "
                             "learning: the --white-box drafter frozen and with each learner")
     bench.add_argument("--stream", default="mixed",
-                       help="mixed or domain-shift (category after category; domain-shift plots tau per block) or category:NAME")
+                       help="mixed or domain-shift (Spec-Bench, category after category), category:NAME, edit "
+                            "(code edits with the original as the prediction), or several joined by '+' "
+                            "(e.g. edit+summarization+rag); streams of several categories plot tau per block")
     bench.add_argument("--white-box", metavar="CHECKPOINT", help="an eagle or hydra checkpoint (evospec train-drafter)")
     bench.add_argument("--lr", type=float, default=LEARNING.lr, help="the learners' learning rate")
     bench.add_argument("--learn-every", type=int, default=LEARNING.every, help="rounds between learning steps")

@@ -58,10 +58,10 @@ BACKENDS = ("hf", "llamacpp")
 
 @dataclass(frozen=True)
 class NgramConfig:
-    """Prompt-lookup drafting: continue the latest earlier occurrence of the context's suffix."""
+    """Prompt-lookup drafting: continue the earlier place whose preceding tokens match the context's end longest."""
 
-    max_ngram: int = 4  # longest suffix tried first
-    min_ngram: int = 1  # shortest suffix that still counts as a match
+    max_ngram: int = 64  # matches are measured up to this many tokens (longer ones tie)
+    min_ngram: int = 1  # shortest match that still counts
 
     def __post_init__(self) -> None:
         if not (1 <= self.min_ngram <= self.max_ngram):

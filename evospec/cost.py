@@ -1,9 +1,9 @@
 """What a target forward of n tokens costs on this machine, measured once and cached.
 
-Speculation pays only where verifying k + 1 tokens costs little more than decoding one. That ratio
-T(k + 1) / T(1) differs between backends and machines (about 1.0 up to k = 4 for bf16 torch on a
-CPU with AVX512-BF16, 1.6 at k = 1 and 3 at k = 4 for llama.cpp Q4_K on a 2-core AVX2 CPU), so it
-is measured rather than assumed.
+Speculation pays only where verifying m drafted tokens in one forward of m + 1 costs little more
+than decoding one, and the ratio T(m + 1) / T(1) depends on the backend, the model and the
+processor: it is measured rather than assumed. Sizes 1-8 are timed each; past that, every few
+sizes up to the longest forward asked for, and T(n) is linear in between.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+
 from evospec.errors import EvospecError
 from evospec.files import write_atomically
 from evospec.models.llamacpp import default_threads
@@ -25,63 +27,97 @@ from evospec.target import LanguageModel
 
 COST_CONTEXT_TOKENS = 128  # tokens already cached when the forwards are timed
 COST_REPEATS = 5  # timings per size; the median is kept
+DENSE_SIZES = 8  # sizes 1..8 are each measured; larger ones on the sparse grid below
+SPARSE_SIZES = (12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# The processor features that decide which kernels llama.cpp and torch run; /proc/cpuinfo names
+# AVX2-only and AVX512 hosts alike ("AMD EPYC"), so the cache key names these too.
+KERNEL_FLAGS = ("avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+                "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+
+
+def measured_sizes(max_tokens: int) -> tuple[int, ...]:
+    """The forward sizes timed for a curve up to max_tokens: 1..8, then the sparse grid, then max_tokens."""
+    if max_tokens < 1:
+        raise EvospecError(f"a forward cost covers at least one token, got {max_tokens}")
+    sizes = [n for n in (*range(1, DENSE_SIZES + 1), *SPARSE_SIZES) if n < max_tokens]
+    return (*sizes, max_tokens)
 
 
 @dataclass(frozen=True)
 class ForwardCost:
-    """seconds[n - 1]: median wall time of one forward of n new tokens, n = 1..len(seconds)."""
+    """seconds[i]: median wall time of one forward of sizes[i] new tokens; linear in between.
+
+    sizes defaults to 1..len(seconds), a curve measured at every size.
+    """
 
     seconds: tuple[float, ...]
+    sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if not self.sizes:
+            object.__setattr__(self, "sizes", tuple(range(1, len(self.seconds) + 1)))
         if not self.seconds or any(not s > 0 for s in self.seconds):
             raise EvospecError(f"a forward cost needs positive timings, got {self.seconds}")
+        if len(self.sizes) != len(self.seconds) or self.sizes[0] != 1 or list(self.sizes) != sorted(set(self.sizes)):
+            raise EvospecError(f"a forward cost needs increasing sizes from 1, one per timing, got {self.sizes}")
 
     @property
     def max_tokens(self) -> int:
-        return len(self.seconds)
+        return self.sizes[-1]
 
     def of(self, tokens: int) -> float:
         """Seconds for a forward of `tokens` new tokens (1 <= tokens <= max_tokens)."""
-        return self.seconds[tokens - 1]
+        if not 1 <= tokens <= self.max_tokens:
+            raise EvospecError(f"the forward cost covers 1..{self.max_tokens} tokens, asked for {tokens}")
+        return float(np.interp(tokens, self.sizes, self.seconds))
 
     def ratios(self) -> list[float]:
         """T(n) / T(1) for n = 1..max_tokens."""
-        return [s / self.seconds[0] for s in self.seconds]
+        return [self.of(n) / self.seconds[0] for n in range(1, self.max_tokens + 1)]
+
+    def ceiling(self) -> tuple[float, int]:
+        """The largest speedup over one-token steps that any drafter could reach, (m + 1) T(1) / T(m + 1)
+        with every one of m drafted tokens accepted, and the forward size m + 1 that reaches it."""
+        size = max(range(1, self.max_tokens + 1), key=lambda n: n / self.of(n))
+        return size * self.seconds[0] / self.of(size), size
 
 
 def measure_forward_cost(lm: LanguageModel, max_tokens: int, vocab_size: int) -> ForwardCost:
-    """Time forwards of 1..max_tokens tokens after a COST_CONTEXT_TOKENS context; sizes are interleaved
-    over the repeats so that a drift of the machine's speed touches all of them alike."""
+    """Time forwards of measured_sizes(max_tokens) after a COST_CONTEXT_TOKENS context; sizes are
+    interleaved over the repeats so that a drift of the machine's speed touches all of them alike."""
+    sizes = measured_sizes(max_tokens)
     token_ids = [(7 + 31 * i) % vocab_size for i in range(COST_CONTEXT_TOKENS + max_tokens)]
     lm.reset()
     lm.forward(token_ids[:COST_CONTEXT_TOKENS], num_logits=1)
-    timings: list[list[float]] = [[] for _ in range(max_tokens)]
+    timings: list[list[float]] = [[] for _ in sizes]
     for _ in range(COST_REPEATS):
-        for n in range(1, max_tokens + 1):
+        for i, n in enumerate(sizes):
             start = time.perf_counter()
             lm.forward(token_ids[COST_CONTEXT_TOKENS : COST_CONTEXT_TOKENS + n])
-            timings[n - 1].append(time.perf_counter() - start)
+            timings[i].append(time.perf_counter() - start)
             lm.trim(COST_CONTEXT_TOKENS)
     lm.reset()
-    return ForwardCost(tuple(statistics.median(t) for t in timings))
+    return ForwardCost(tuple(statistics.median(t) for t in timings), sizes)
 
 
 def cached_forward_cost(lm: LanguageModel, model_key: str, max_tokens: int, vocab_size: int) -> ForwardCost:
-    """The forward cost of a model on this machine: read from the cache, or measured once and saved.
+    """The forward cost of a model on this machine up to max_tokens: read from the cache, or measured
+    once and saved. A cached curve that is too short is measured again, to the longer length.
 
-    model_key names the model and how it runs (backend, file, dtype); the machine's processor and
-    thread count are added to it.
+    model_key names the model and how it runs (backend, file, settings); machine_key() is added to it.
     """
-    path = _cache_path(model_key, max_tokens)
+    path = _cache_path(model_key)
     if path.is_file():
         try:
-            return ForwardCost(tuple(json.loads(path.read_text())["seconds"]))
+            cached = json.loads(path.read_text())
+            cost = ForwardCost(tuple(cached["seconds"]), tuple(cached["sizes"]))
+            if cost.max_tokens >= max_tokens:
+                return cost
         except (ValueError, KeyError, TypeError, EvospecError):
             path.unlink()  # a damaged cache entry is measured again
     cost = measure_forward_cost(lm, max_tokens, vocab_size)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, json.dumps({"model": model_key, "machine": _machine(), **asdict(cost)}))
+    write_atomically(path, json.dumps({"model": model_key, "machine": machine_key(), **asdict(cost)}))
     return cost
 
 
@@ -94,20 +130,35 @@ def model_forward_cost(model: LoadedModel, max_tokens: int) -> ForwardCost:
     return cached_forward_cost(model.new_lm(), key, max_tokens, vocab_size(model))
 
 
-def _machine() -> str:
-    return f"{platform.machine()}-{_processor_name()}-{default_threads()}threads"
+def machine_key() -> str:
+    """The processor, its kernel-relevant features and the thread count: what a forward's cost depends on."""
+    return f"{platform.machine()}-{_cpu_info('model name')}-{'+'.join(cpu_kernel_flags())}-{default_threads()}threads"
 
 
-def _processor_name() -> str:
+def cpu_kernel_flags() -> list[str]:
+    """Which of KERNEL_FLAGS this processor has (from /proc/cpuinfo; empty where it cannot be read)."""
+    flags = set((_cpu_info("flags") or _cpu_info("Features")).split())
+    return [flag for flag in KERNEL_FLAGS if flag in flags]
+
+
+def cpu_description() -> dict[str, object]:
+    """What a benchmark records of the machine: the processor's name and its SIMD features."""
+    flags = cpu_kernel_flags()
+    return {"model": _cpu_info("model name") or platform.processor() or "unknown", "flags": flags,
+            "avx2": "avx2" in flags, "avx512_bf16": "avx512_bf16" in flags, "threads": default_threads()}
+
+
+def _cpu_info(field: str) -> str:
+    """The first value of a field of /proc/cpuinfo ('' where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.split(":", 1)[0].strip() == field:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return ""
 
 
-def _cache_path(model_key: str, max_tokens: int) -> Path:
-    digest = hashlib.sha256(f"{model_key}|{_machine()}|{max_tokens}".encode()).hexdigest()[:16]
+def _cache_path(model_key: str) -> Path:
+    digest = hashlib.sha256(f"{model_key}|{machine_key()}".encode()).hexdigest()[:16]
     return evospec_home() / "costs" / f"{digest}.json"

@@ -6,10 +6,15 @@ an online estimate of the per-position acceptance alpha:
 
     E[emitted | m drafted] = 1 + alpha + ... + alpha^m,    time(m) = T(m + 1) + draft cost
 
-m = 0 (a plain step) is always a candidate, so a drafter that does not pay stops being verified.
-alpha is tracked per drafter and per draft label (e.g. the n-gram drafter's match length), with
-discounted counts so that it follows a shifting stream, and read optimistically (a Hoeffding bonus)
-so that a length ruled out early is tried again now and then.
+m = 0 (a plain step) is always a candidate, so a drafter that does not pay stops being verified; the
+other candidates are the lengths whose forward T(n) was measured (on a CPU some sizes, such as
+multiples of 16, run much faster than their neighbours). alpha is tracked per drafter and per draft
+label (e.g. the length of the match a model-free draft continues), with discounted counts so that it
+follows a shifting stream, and read optimistically (a Hoeffding bonus) so that a length ruled out
+early is tried again now and then. A model-free drafter is asked for a whole draft every round,
+since drafting costs it next to nothing, and the first drafted token that no verification covered is
+checked against the token the target emitted in its place: its acceptance is learned for free, even
+in rounds that verify nothing.
 """
 
 from __future__ import annotations
@@ -22,42 +27,38 @@ from evospec.cost import ForwardCost, model_forward_cost
 from evospec.errors import EvospecError
 from evospec.models.loading import LoadedModel
 from evospec.selection import Selector
-from evospec.types import Draft
+from evospec.types import Attempt, Draft, Verdict
 
 
 class DraftLength(Protocol):
     """Decides the draft length of each round and learns from the verdicts."""
 
-    def budget(self, drafter: str, k: int) -> int:
-        """Tokens to ask `drafter` for (before drafting), at most k."""
+    def budget(self, drafter: str, k: int, model_free: bool) -> int:
+        """Tokens to ask `drafter` for (before drafting), at most k; model_free: drafting costs it next to nothing."""
 
     def keep(self, drafter: str, draft: Draft) -> int:
         """Leading tokens of a proposed draft to verify (after drafting)."""
 
-    def observe(self, drafter: str, draft: Draft, num_accepted: int, draft_seconds: float) -> None:
-        """What the verification of a (kept) draft showed, and what drafting it cost."""
+    def observe(self, attempt: Attempt, verdict: Verdict) -> None:
+        """What the verification of a round's attempt showed, and what drafting it cost."""
 
 
 class FixedDraftLength:
     """Always the configured k, every draft token verified."""
 
-    def budget(self, drafter: str, k: int) -> int:
+    def budget(self, drafter: str, k: int, model_free: bool) -> int:
         return k
 
     def keep(self, drafter: str, draft: Draft) -> int:
         return draft.size
 
-    def observe(self, drafter: str, draft: Draft, num_accepted: int, draft_seconds: float) -> None:
+    def observe(self, attempt: Attempt, verdict: Verdict) -> None:
         """Nothing to learn."""
 
 
 @dataclass(frozen=True)
 class AdaptiveConfig:
-    """Chosen with benchmarks/policy_replay.py on llama.cpp with unpacked weights, where a verified draft
-    token cost 0.5-0.7 of a decode step: the earlier discount 0.98 and exploration 0.5 re-explored
-    drafts that do not pay so often that the n-gram drafter lost 7-13% on the streams where it rarely
-    matches. A prior of 0.5 stays, so that a new drafter drafts at once and its cost is learned
-    (benchmarks/README.md). At 0.8-0.9 of a step (repacked weights) the policy rarely drafts at all."""
+    """The adaptive draft length's settings (chosen by replay: benchmarks/README.md)."""
 
     prior_acceptance: float = 0.5  # alpha before any verdict, worth prior_weight trials
     prior_weight: float = 2.0
@@ -101,17 +102,22 @@ class AdaptiveDraftLength:
         return min(successes / trials + bonus, 0.999)
 
     def best_length(self, alpha: float, max_length: int, seconds_per_draft_token: float = 0.0) -> int:
-        """argmax over m in 0..max_length of E[emitted | m] / time(m)."""
+        """argmax of E[emitted | m] / time(m) over m = 0, max_length and the m <= max_length whose
+        forward T(m + 1) was measured (the shortest among equals)."""
         max_length = min(max_length, self.cost.max_tokens - 1)
-        rates = [
-            sum(alpha**i for i in range(m + 1)) / (self.cost.of(m + 1) + m * seconds_per_draft_token)
-            for m in range(max_length + 1)
-        ]
-        return max(range(len(rates)), key=rates.__getitem__)
+        lengths = sorted({size - 1 for size in self.cost.sizes if size - 1 <= max_length} | {max_length})
 
-    def budget(self, drafter: str, k: int) -> int:
-        # The best label's acceptance: a drafter whose drafts pay only sometimes (long n-gram
-        # matches) must still be asked, and keep() then drops the drafts that do not pay.
+        def rate(m: int) -> float:
+            expected = (1 - alpha ** (m + 1)) / (1 - alpha)  # 1 + alpha + ... + alpha^m (alpha < 1)
+            return expected / (self.cost.of(m + 1) + m * seconds_per_draft_token)
+
+        return max(lengths, key=rate)
+
+    def budget(self, drafter: str, k: int, model_free: bool) -> int:
+        if model_free:  # a whole draft costs nothing: keep() decides, and what it leaves out is checked for free
+            return k
+        # The best label's acceptance: a drafter whose drafts pay only sometimes must still be asked,
+        # and keep() then drops the drafts that do not pay.
         labels = [label for name, label in self._acceptance if name == drafter] or [""]
         alpha = max(self.alpha(drafter, label) for label in labels)
         return self.best_length(alpha, k, self._draft_seconds_per_token.get(drafter, 0.0))
@@ -119,21 +125,39 @@ class AdaptiveDraftLength:
     def keep(self, drafter: str, draft: Draft) -> int:
         return self.best_length(self.alpha(drafter, draft.label), draft.size)  # drafting is paid already
 
-    def observe(self, drafter: str, draft: Draft, num_accepted: int, draft_seconds: float) -> None:
+    def observe(self, attempt: Attempt, verdict: Verdict) -> None:
         self._rounds += 1
         # Every round ages the evidence, verified or not, so a drafter left out is tried again.
         for (name, _), counts in self._acceptance.items():
-            if name == drafter:
+            if name == attempt.drafter:
                 counts.decay(self.config.discount)
-        if draft.size:
-            trials = min(num_accepted + 1, draft.size)  # positions reached: every accepted one, plus the first miss
-            for label in {"", draft.label}:  # the drafter as a whole, and this kind of draft
-                counts = self._acceptance.setdefault((drafter, label), _Acceptance())
-                counts.trials += trials
-                counts.successes += num_accepted
-            seconds_per_token = draft_seconds / draft.size
-            previous = self._draft_seconds_per_token.get(drafter, seconds_per_token)
-            self._draft_seconds_per_token[drafter] = 0.9 * previous + 0.1 * seconds_per_token
+        proposed = attempt.proposed
+        if not proposed.size:
+            return
+        known, right = _positions_judged(attempt, verdict)
+        for label in {"", proposed.label}:  # the drafter as a whole, and this kind of draft
+            counts = self._acceptance.setdefault((attempt.drafter, label), _Acceptance())
+            counts.trials += known
+            counts.successes += right
+        seconds_per_token = attempt.draft_s / proposed.size
+        previous = self._draft_seconds_per_token.get(attempt.drafter, seconds_per_token)
+        self._draft_seconds_per_token[attempt.drafter] = 0.9 * previous + 0.1 * seconds_per_token
+
+
+def _positions_judged(attempt: Attempt, verdict: Verdict) -> tuple[int, int]:
+    """(positions of the proposed draft whose verdict is known, how many of them were right).
+
+    Every accepted position was right. The first position after them is known too: rejected by the
+    verification, or, when no verification reached it, right exactly when the target emitted the
+    drafted token there (for a one-hot draft that happens with the probability that verifying it
+    would have accepted it). Past that nothing is known.
+    """
+    accepted, verified, proposed = verdict.num_accepted, attempt.draft.size, attempt.proposed
+    if accepted < verified:
+        return accepted + 1, accepted
+    if accepted < proposed.size and proposed.probs is None:
+        return accepted + 1, accepted + int(int(proposed.tokens[accepted]) == verdict.emitted[accepted])
+    return accepted, accepted
 
 
 def timing(target: LoadedModel, max_k: int, adaptive: bool, selector: Selector | None) -> tuple[ForwardCost | None, AdaptiveDraftLength | None]:

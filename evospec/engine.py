@@ -69,9 +69,11 @@ class Engine:
         self._prompt: PromptPass | None = None  # the prefill's view of the prompt's last tokens, when learners learn from them
         self._pass_s = 0.0  # seconds of the last target pass
 
-    def generate(self, prompt_ids: list[int], config: GenerationConfig, stats: SpecStats) -> Iterator[int]:
+    def generate(self, prompt_ids: list[int], config: GenerationConfig, stats: SpecStats,
+                 prediction: Sequence[int] = ()) -> Iterator[int]:
         """Yield new token ids until EOS (yielded too), max_new_tokens or the context is full.
 
+        prediction: the output the client expects (token ids), for the drafters that draft from it.
         The prefill gives p for the first new token. After that the last context token is always
         "pending": the target has not seen it yet, and each round's one forward pass covers it plus
         the draft. stats is updated as tokens are emitted.
@@ -83,7 +85,7 @@ class Engine:
         context = list(prompt_ids)
         self.target.reset()
         for drafter in self.drafters.values():
-            drafter.begin(context)
+            drafter.begin(context, prediction)
         if self.selector is not None:
             self.selector.begin_request()
         try:
@@ -144,20 +146,21 @@ class Engine:
         if self.selector is None:
             return None
         name = self.selector.select()
-        asked = self.draft_length.budget(name, min(config.num_speculative_tokens, room))
+        drafter = self.drafters[name]
+        asked = self.draft_length.budget(name, min(config.num_speculative_tokens, room), drafter.model_free)
         if asked <= 0:
-            return Attempt(name, empty_draft(), asked=0, draft_s=0.0)
+            return Attempt(name, empty_draft(), empty_draft(), asked=0, draft_s=0.0)
         start = time.perf_counter()
-        draft = self.drafters[name].propose(context, asked, sampler)
+        proposed = drafter.propose(context, asked, sampler)
         seconds = time.perf_counter() - start
-        return Attempt(name, draft.truncated(self.draft_length.keep(name, draft)), asked, seconds)
+        return Attempt(name, proposed.truncated(self.draft_length.keep(name, proposed)), proposed, asked, seconds)
 
     def _feed_back(self, attempt: Attempt, verdict: Verdict, logits: torch.Tensor, sampler: Sampler, stats: SpecStats) -> None:
         """The round's outcome to the selector (its reward), the draft-length policy and the per-drafter stats."""
         seconds = RoundTime(attempt.draft_s, self._pass_s, self.step_s)
         reward = REWARDS[self.selector.reward_kind](logits, attempt.draft, verdict, sampler, attempt.asked, seconds)
         self.selector.update(attempt.drafter, reward)
-        self.draft_length.observe(attempt.drafter, attempt.draft, verdict.num_accepted, attempt.draft_s)
+        self.draft_length.observe(attempt, verdict)
         stats.record_drafter(attempt, verdict, reward)
 
     def _tell_listeners(self, attempt: Attempt | None, verdict: Verdict, context: list[int],

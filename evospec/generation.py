@@ -8,6 +8,7 @@ from evospec.config import GenerationConfig
 from evospec.cost import ForwardCost
 from evospec.draft_length import DraftLength
 from evospec.drafters import Drafter
+from evospec.drafters.prediction import PREDICTION
 from evospec.engine import Engine, reads_hidden_states
 from evospec.errors import EvospecError
 from evospec.learning import OnlineLearner
@@ -41,9 +42,11 @@ class TextStream:
     `finish_reason` ("stop": EOS or a stop string; "length": max_new_tokens or the context) and
     `stats` describe the whole of it. A stop string ends the text and is not part of it."""
 
-    def __init__(self, generator: TextGenerator, prompt_ids: list[int], config: GenerationConfig) -> None:
+    def __init__(self, generator: TextGenerator, prompt_ids: list[int], config: GenerationConfig,
+                 prediction_ids: list[int]) -> None:
         self._generator = generator
         self.prompt_ids = prompt_ids
+        self.prediction_ids = prediction_ids  # the predicted output, for the prediction drafter
         self._config = config
         self.text = ""
         self.token_ids: list[int] = []  # generated ids, EOS included when generation ended on it
@@ -55,7 +58,7 @@ class TextStream:
         decode = self._generator.tokenizer.decode
         stops = self._config.stop
         hold = max((len(s) for s in stops), default=1) - 1  # a stop string may still be forming
-        tokens = engine.generate(self.prompt_ids, self._config, self.stats)
+        tokens = engine.generate(self.prompt_ids, self._config, self.stats, self.prediction_ids)
         try:
             for token in tokens:
                 self.token_ids.append(token)
@@ -89,13 +92,21 @@ class TextGenerator:
         self.tokenizer = target.tokenizer
         self.engine = engine
 
-    def stream(self, prompt: Prompt, config: GenerationConfig, chat: bool = False) -> TextStream:
-        """Start a generation (the prompt as encode_prompt takes it); iterate the result for text pieces."""
-        return TextStream(self, encode_prompt(self.target, prompt, chat), config)
+    def stream(self, prompt: Prompt, config: GenerationConfig, chat: bool = False,
+               prediction: str | None = None) -> TextStream:
+        """Start a generation (the prompt as encode_prompt takes it); iterate the result for text pieces.
 
-    def generate(self, prompt: Prompt, config: GenerationConfig, chat: bool = False) -> TextStream:
+        prediction: text the output is expected to repeat much of (OpenAI Predicted Outputs), drafted
+        by the prediction drafter, which the engine must have."""
+        if prediction and PREDICTION not in self.engine.drafters:
+            raise EvospecError(f"a prediction is drafted by the '{PREDICTION}' drafter, and this generator has "
+                               f"{sorted(self.engine.drafters) or 'none'}: add --drafter {PREDICTION}")
+        return TextStream(self, encode_prompt(self.target, prompt, chat), config, encode_prediction(self.target, prediction))
+
+    def generate(self, prompt: Prompt, config: GenerationConfig, chat: bool = False,
+                 prediction: str | None = None) -> TextStream:
         """Generate to the end; the returned stream holds text, token ids, finish reason and stats."""
-        stream = self.stream(prompt, config, chat)
+        stream = self.stream(prompt, config, chat, prediction)
         for _ in stream:
             pass
         return stream
@@ -118,6 +129,11 @@ def encode_prompt(model: LoadedModel, prompt: Prompt, chat: bool = False) -> lis
         raise EvospecError(f"model '{model.name}' has no chat template; prompt it with plain text (no --chat)")
     text = tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def encode_prediction(model: LoadedModel, prediction: str | None) -> list[int]:
+    """A predicted output (OpenAI Predicted Outputs) -> token ids, as the output would spell it; none: []."""
+    return model.tokenizer.encode(prediction, add_special_tokens=False) if prediction else []
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:

@@ -51,10 +51,11 @@ class RoundTime:
 
 @dataclass(frozen=True)
 class Attempt:
-    """One drafter's turn in a round: what it was asked for and what it drafted."""
+    """One drafter's turn in a round: what it was asked for, what it drafted and what is verified."""
 
     drafter: str  # the name of the drafter the selector picked
-    draft: Draft  # what will be verified (possibly cut short by the draft-length policy)
+    draft: Draft  # what will be verified: a prefix of proposed (cut short by the draft-length policy)
+    proposed: Draft  # what the drafter drafted
     asked: int  # tokens asked of the drafter; 0 when the policy chose a plain step
     draft_s: float  # seconds in the drafter's propose, catch-up on unseen tokens included
 

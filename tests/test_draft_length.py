@@ -18,7 +18,7 @@ from evospec.errors import EvospecError
 from evospec.selection import build_selector
 from evospec.stats import SpecStats
 from evospec.target import CachedLM
-from evospec.types import Draft
+from evospec.types import Attempt, Draft, Verdict
 
 # T(n) / T(1) as measured for llama.cpp Q4_K on a 2-core AVX2 machine, and a flat one (bf16 with AVX512).
 STEEP = ForwardCost((1.0, 1.6, 2.0, 2.5, 3.0))
@@ -27,6 +27,14 @@ FLAT = ForwardCost((1.0, 1.0, 1.02, 1.05, 1.1))
 
 def draft(size: int, label: str = "") -> Draft:
     return Draft(torch.arange(size), None, label)
+
+
+def observe(policy: AdaptiveDraftLength, drafter: str, proposed: Draft, verified: int, accepted: int,
+            next_token: int = -1) -> None:
+    """One round: `verified` tokens of the proposal checked, `accepted` of them right, then the target's
+    own token (next_token; -1: a token no draft proposes)."""
+    emitted = [*proposed.tokens[:accepted].tolist(), next_token]
+    policy.observe(Attempt(drafter, proposed.truncated(verified), proposed, proposed.size, 0.0), Verdict(accepted, emitted))
 
 
 @pytest.mark.parametrize(
@@ -46,22 +54,51 @@ def test_a_costly_drafter_is_asked_for_fewer_tokens():
 def test_acceptance_is_learned_per_label_so_only_good_drafts_are_verified():
     policy = AdaptiveDraftLength(STEEP)
     for _ in range(60):  # long matches are right, one-token matches wrong
-        policy.observe("ngram", draft(4, "match4"), num_accepted=4, draft_seconds=0.0)
-        policy.observe("ngram", draft(4, "match1"), num_accepted=0, draft_seconds=0.0)
+        observe(policy, "ngram", draft(4, "match4"), verified=4, accepted=4)
+        observe(policy, "ngram", draft(4, "match1"), verified=4, accepted=0)
     assert policy.alpha("ngram", "match4") > 0.9 > 0.3 > policy.alpha("ngram", "match1")
     assert policy.keep("ngram", draft(4, "match4")) == 4
     assert policy.keep("ngram", draft(4, "match1")) == 0
-    assert policy.budget("ngram", 4) == 4  # the drafter is still asked: some of its drafts pay
+    assert policy.budget("ngram", 4, model_free=False) == 4  # the drafter is still asked: some of its drafts pay
+
+
+def test_a_model_free_drafter_learns_from_drafts_that_were_never_verified():
+    """The first unverified drafted token is judged by the token the target emitted in its place."""
+    policy = AdaptiveDraftLength(ForwardCost((1.0, 1.9, 2.8, 3.7, 4.6)))  # a verified token costs 0.9 of a step
+    assert policy.budget("suffix", 8, model_free=True) == 8  # asked for a whole draft: it costs nothing
+    assert policy.keep("suffix", draft(4, "match8")) == 0  # the prior alone does not pay at this cost
+    for _ in range(40):  # nothing verified, and the drafted token was what the target said next
+        observe(policy, "suffix", draft(4, "match8"), verified=0, accepted=0, next_token=0)
+        observe(policy, "suffix", draft(4, "match1"), verified=0, accepted=0, next_token=-1)
+    assert policy.alpha("suffix", "match8") > 0.9 > 0.1 > policy.alpha("suffix", "match1")
+    assert policy.keep("suffix", draft(4, "match8")) == 4 and policy.keep("suffix", draft(4, "match1")) == 0
+    # Fully accepted drafts say nothing past their end; the first unverified token after them does.
+    fresh = AdaptiveDraftLength(STEEP)
+    observe(fresh, "suffix", draft(4), verified=4, accepted=4, next_token=-1)
+    observe(fresh, "suffix", draft(4), verified=2, accepted=2, next_token=2)
+    observe(fresh, "suffix", draft(4), verified=2, accepted=1, next_token=-1)
+    counts = fresh._acceptance[("suffix", "")]
+    assert (counts.trials, counts.successes) == pytest.approx((4 * 0.995**2 + 3 * 0.995 + 2, 4 * 0.995**2 + 3 * 0.995 + 1))
+
+
+def test_long_drafts_are_verified_at_the_sizes_whose_cost_was_measured():
+    # Forwards of 16 tokens cost less than of 12 (as llama.cpp's on a CPU): a long right draft is cut to 15.
+    cost = ForwardCost((1.0, 1.8, 3.0, 5.0, 6.0, 4.5, 8.0), sizes=(1, 2, 4, 8, 12, 16, 32))
+    policy = AdaptiveDraftLength(cost)
+    assert policy.best_length(0.95, max_length=20) == 15
+    assert policy.best_length(0.999, max_length=31) == 31
+    assert policy.best_length(0.3, max_length=31) == 0
+    assert policy.best_length(0.95, max_length=13) in (0, 1, 3, 7, 11, 13)
 
 
 def test_a_drafter_that_never_pays_is_dropped_and_later_tried_again():
     policy = AdaptiveDraftLength(STEEP)
     for _ in range(30):
-        policy.observe("bad", draft(2), num_accepted=0, draft_seconds=0.0)
-    assert policy.budget("bad", 4) == 0
+        observe(policy, "bad", draft(2), verified=2, accepted=0)
+    assert policy.budget("bad", 4, model_free=False) == 0
     rounds = 0
-    while policy.budget("bad", 4) == 0 and rounds < 5000:  # plain rounds: old evidence fades
-        policy.observe("bad", draft(0), num_accepted=0, draft_seconds=0.0)
+    while policy.budget("bad", 4, model_free=False) == 0 and rounds < 5000:  # plain rounds: old evidence fades
+        observe(policy, "bad", draft(0), verified=0, accepted=0)
         rounds += 1
     assert 0 < rounds < 5000
 

@@ -6,7 +6,7 @@ import pytest
 
 from evospec.config import GenerationConfig, SamplingConfig
 from evospec.cost import measure_forward_cost
-from evospec.drafters import NgramDrafter, SmallLMDrafter, SuffixDrafter
+from evospec.drafters import NgramDrafter, PredictionDrafter, SmallLMDrafter, SuffixDrafter
 from evospec.engine import Engine
 from evospec.errors import EvospecError
 from evospec.selection import SELECTORS, build_selector
@@ -16,7 +16,7 @@ from evospec.target import CachedLM
 from conftest import TINY_VOCAB, random_prompts, reference_greedy
 
 MAX_NEW = 24
-DRAFTERS = ["none", "self", "noisy-lm", "ngram", "suffix"]
+DRAFTERS = ["none", "self", "noisy-lm", "ngram", "suffix", "prediction"]
 
 
 def make_drafter(kind: str, target_model, drafter_model):
@@ -26,12 +26,22 @@ def make_drafter(kind: str, target_model, drafter_model):
         "noisy-lm": lambda: SmallLMDrafter(CachedLM(drafter_model), "noisy"),
         "ngram": lambda: NgramDrafter(),
         "suffix": lambda: SuffixDrafter(),
+        "prediction": lambda: PredictionDrafter(),
     }[kind]()
 
 
-def run(engine: Engine, prompt: list[int], config: GenerationConfig) -> tuple[list[int], SpecStats]:
+def edited(output: list[int]) -> list[int]:
+    """A prediction that is mostly right: the output with a token replaced, one dropped and two inserted."""
+    edit = list(output)
+    edit[3] = (edit[3] + 1) % TINY_VOCAB
+    del edit[9]
+    edit[15:15] = [7, 7]
+    return edit
+
+
+def run(engine: Engine, prompt: list[int], config: GenerationConfig, prediction: list[int] = ()) -> tuple[list[int], SpecStats]:
     stats = SpecStats()
-    return list(engine.generate(prompt, config, stats)), stats
+    return list(engine.generate(prompt, config, stats, prediction)), stats
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +49,14 @@ def plain_outputs(tiny_target) -> dict[tuple[int, ...], list[int]]:
     return {tuple(prompt): reference_greedy(tiny_target, prompt, MAX_NEW) for prompt in random_prompts(20)}
 
 
-@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("k", [1, 3, 8, 32, 64])
 @pytest.mark.parametrize("drafter_kind", DRAFTERS)
 def test_greedy_equals_plain_decoding(tiny_target, tiny_drafter, plain_outputs, drafter_kind, k):
     drafter = make_drafter(drafter_kind, tiny_target, tiny_drafter)
     engine = Engine(CachedLM(tiny_target), [drafter] if drafter else [], eos_token_ids=frozenset(), context_length=256)
     config = GenerationConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=k)
     for prompt, expected in plain_outputs.items():
-        tokens, stats = run(engine, list(prompt), config)
+        tokens, stats = run(engine, list(prompt), config, edited(expected))
         assert tokens == expected, f"prompt {prompt}"
         assert stats.new_tokens == MAX_NEW
         if drafter_kind == "self":  # a model drafting for itself is always right

@@ -1,6 +1,6 @@
-"""The methods a benchmark compares. Each turns prompt ids into SpecStats for one generation.
+"""The methods a benchmark compares. Each turns prompt ids (and a prediction) into SpecStats for one generation.
 
-Method names follow shared/benchmarks.md: hf-plain, hf-assisted:<drafter> (hf backend),
+Method names follow the project's benchmark convention: hf-plain, hf-assisted:<drafter> (hf backend),
 llamacpp-plain, llamacpp-lookup (llama.cpp backend), evospec-plain, evospec:<drafter>,
 select:<selector> (either), evospec:<kind> and evospec:<kind>+<learner> for a white-box drafter
 (eagle or hydra, from one checkpoint) frozen or learning; a /k=auto suffix marks the adaptive draft length.
@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 
+from evospec.bench import SUITES
 from evospec.config import GenerationConfig
 from evospec.draft_length import timing
-from evospec.drafters import Drafter, NgramDrafter, SmallLMDrafter, SuffixDrafter
+from evospec.drafters import Drafter, NgramDrafter, PredictionDrafter, SmallLMDrafter, SuffixDrafter
 from evospec.drafters.registry import new_white_box_drafter
 from evospec.drafters.whitebox import checkpoint_kind
 from evospec.engine import Engine
@@ -30,13 +32,16 @@ from evospec.stats import SpecStats
 
 
 ADAPTIVE = "/k=auto"  # method-name suffix: the draft length adapts each round (draft_length.py)
+LOOKUP_TOKENS = 10  # llama-cpp-python's default draft length for prompt lookup, what its users run
+MODEL_FREE = {"ngram": NgramDrafter, "suffix": SuffixDrafter, "prediction": PredictionDrafter}
 
 
 class BenchMethod(Protocol):
     name: str
 
-    def run(self, prompt_ids: list[int], config: GenerationConfig) -> SpecStats:
-        """Generate greedily for prompt_ids and return what it took."""
+    def run(self, prompt_ids: list[int], config: GenerationConfig, prediction_ids: Sequence[int] = ()) -> SpecStats:
+        """Generate greedily for prompt_ids and return what it took; prediction_ids: the request's
+        predicted output, for the methods that draft from it."""
 
 
 class EvospecMethod:
@@ -46,9 +51,9 @@ class EvospecMethod:
         self.name = name
         self.engine = engine
 
-    def run(self, prompt_ids: list[int], config: GenerationConfig) -> SpecStats:
+    def run(self, prompt_ids: list[int], config: GenerationConfig, prediction_ids: Sequence[int] = ()) -> SpecStats:
         stats = SpecStats()
-        for _ in self.engine.generate(prompt_ids, config, stats):
+        for _ in self.engine.generate(prompt_ids, config, stats, prediction_ids):
             pass
         return stats
 
@@ -64,7 +69,7 @@ class HFGenerateMethod:
         self.eos = sorted(eos_token_ids(target))
         self.pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else self.eos[0]
 
-    def run(self, prompt_ids: list[int], config: GenerationConfig) -> SpecStats:
+    def run(self, prompt_ids: list[int], config: GenerationConfig, prediction_ids: Sequence[int] = ()) -> SpecStats:
         forwards, prefill_s = 0, 0.0
 
         def count(*_):
@@ -111,7 +116,7 @@ class LlamaCppCompletionMethod:
             logits_all=draft is not None,
         )
 
-    def run(self, prompt_ids: list[int], config: GenerationConfig) -> SpecStats:
+    def run(self, prompt_ids: list[int], config: GenerationConfig, prediction_ids: Sequence[int] = ()) -> SpecStats:
         evals, prefill_s = 0, 0.0
         eval_tokens = self.llm.eval
 
@@ -144,11 +149,12 @@ class LlamaCppCompletionMethod:
 
 def build_methods(
     names: list[str], target: LoadedModel, draft_model: LoadedModel | None, num_speculative_tokens: int,
-    white_box: Path | None = None, learning: LearnerConfig = LearnerConfig(),
+    white_box: Path | None = None, learning: LearnerConfig = LearnerConfig(), predictions: bool = False,
 ) -> list[BenchMethod]:
-    """Methods by name: evospec:<drafter> (draft_model, ngram or suffix), select:<selector> over all of
-    them, the white-box checkpoint's drafter frozen and with each learner (each method its own copy),
-    and the baselines of the target's backend."""
+    """Methods by name: evospec:<drafter> (draft_model, ngram, suffix or prediction), select:<selector>
+    over all of them (the small LM only when draft_model is given, the prediction drafter only when
+    the prompts carry predictions), the white-box checkpoint's drafter frozen and with each learner
+    (each method its own copy), and the baselines of the target's backend."""
     def engine(drafters: list[Drafter], adaptive: bool = False, selector: str | None = None,
                learner: str | None = None) -> Engine:
         arms = build_selector(selector, [d.name for d in drafters]) if selector else None
@@ -159,9 +165,11 @@ def build_methods(
     def small_lm() -> list[Drafter]:
         return [SmallLMDrafter(draft_model.new_lm(), draft_model.name)] if draft_model else []
 
-    single = {"ngram": NgramDrafter, "suffix": SuffixDrafter}
+    def model_free_arms() -> list[Drafter]:
+        return [make() for name, make in MODEL_FREE.items() if predictions or name != "prediction"]
+
     builders = {"evospec-plain": lambda: EvospecMethod("evospec-plain", engine([]))}
-    for drafter, make in single.items():
+    for drafter, make in MODEL_FREE.items():
         for suffix in ("", ADAPTIVE):
             name = f"evospec:{drafter}{suffix}"
             builders[name] = lambda name=name, make=make, adaptive=bool(suffix): EvospecMethod(
@@ -171,7 +179,7 @@ def build_methods(
         for suffix in ("", ADAPTIVE) if selector != "fixed" else ():
             name = f"select:{selector}{suffix}"
             builders[name] = lambda name=name, selector=selector, adaptive=bool(suffix): EvospecMethod(
-                name, engine([*small_lm(), NgramDrafter(), SuffixDrafter()], adaptive, selector=selector)
+                name, engine([*small_lm(), *model_free_arms()], adaptive, selector=selector)
             )
     if white_box is not None:
         kind = checkpoint_kind(white_box)
@@ -186,7 +194,7 @@ def build_methods(
     else:
         builders["llamacpp-plain"] = lambda: LlamaCppCompletionMethod("llamacpp-plain", target)
         builders["llamacpp-lookup"] = lambda: LlamaCppCompletionMethod(
-            "llamacpp-lookup", target, lookup_tokens=num_speculative_tokens
+            "llamacpp-lookup", target, lookup_tokens=min(num_speculative_tokens, LOOKUP_TOKENS)
         )
     if draft_model is not None:
         if target.backend == "hf":
@@ -210,7 +218,7 @@ def check_method_names(names: list[str], known: list[str]) -> None:
 def all_method_names(draft_model_name: str, backend: str, white_box: Path | None = None) -> list[str]:
     """Every method build_methods can make for these models: the suites' methods, and each
     selector's and white-box method's variant with the adaptive draft length."""
-    suites = ["engine", "selection", *(["learning"] if white_box is not None else [])]
+    suites = ["engine", "selection", "edit", *(["learning"] if white_box is not None else [])]
     names = [name for suite in suites for name in method_names(draft_model_name, backend, suite, white_box)]
     adaptive = [f"{name}{ADAPTIVE}" for name in names if name.startswith(("evospec:", "select:")) and ADAPTIVE not in name]
     return list(dict.fromkeys([*names, *adaptive]))
@@ -221,9 +229,15 @@ def method_names(draft_model_name: str, backend: str, suite: str = "engine", whi
 
     engine: baselines, plain decoding and each drafter with fixed and adaptive k; selection: each
     single drafter and every selector over all of them (MetaSD; the report adds the oracle);
-    learning: plain decoding, the white-box checkpoint's drafter frozen, and with each learner.
+    edit: baselines, plain decoding, each model-free drafter and a selector over them, all with the
+    adaptive k (no small LM: the suite runs without one); learning: plain decoding, the white-box
+    checkpoint's drafter frozen, and with each learner.
     """
     singles = [f"evospec:{draft_model_name}", "evospec:ngram", "evospec:suffix"]
+    baselines = ["hf-plain"] if backend == "hf" else ["llamacpp-plain", "llamacpp-lookup"]
+    if suite == "edit":
+        return [*baselines, "evospec-plain", *(f"evospec:{drafter}{ADAPTIVE}" for drafter in MODEL_FREE),
+                f"select:ucb-bd{ADAPTIVE}"]
     if suite == "learning":
         if white_box is None:
             raise EvospecError("the learning suite needs a white-box drafter checkpoint (--white-box DIR)")
@@ -232,8 +246,8 @@ def method_names(draft_model_name: str, backend: str, suite: str = "engine", whi
     if suite == "selection":
         return ["evospec-plain", *singles, *(f"select:{name}" for name in SELECTORS if name != "fixed")]
     if suite != "engine":
-        raise EvospecError(f"unknown bench suite {suite!r}; choose engine, selection or learning")
-    evospec = ["evospec-plain", *singles, *(f"{name}{ADAPTIVE}" for name in singles)]
+        raise EvospecError(f"unknown bench suite {suite!r}; choose {', '.join(SUITES)}")
     if backend == "hf":
-        return ["hf-plain", f"hf-assisted:{draft_model_name}", *evospec]
-    return ["llamacpp-plain", "llamacpp-lookup", *evospec]
+        baselines.append(f"hf-assisted:{draft_model_name}")
+    return [*baselines, "evospec-plain", *singles, *(f"{name}{ADAPTIVE}" for name in singles)]
+

@@ -1,4 +1,4 @@
-"""`evospec bench`: methods interleaved prompt by prompt on Spec-Bench, greedy, batch 1."""
+"""`evospec bench`: methods interleaved prompt by prompt on Spec-Bench and the edit workload, greedy, batch 1."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from tqdm.auto import tqdm
 
 from evospec.bench.methods import EvospecMethod, all_method_names, build_methods, check_method_names, method_names
 from evospec.bench.report import plot_blocks, plot_selection, single_drafters, summarize, write_report
-from evospec.bench.workloads import Prompt, spec_bench
+from evospec.bench.workloads import Prompt, edits, spec_bench
 from evospec.config import DEFAULT_DTYPE, GenerationConfig
-from evospec.cost import COST_CONTEXT_TOKENS, model_forward_cost
+from evospec.cost import COST_CONTEXT_TOKENS, cpu_description, model_forward_cost
 from evospec.errors import EvospecError
-from evospec.generation import encode_prompt
+from evospec.generation import encode_prediction, encode_prompt
 from evospec.learning import LearnerConfig
-from evospec.models.llamacpp import default_threads
+from evospec.models.llamacpp import LlamaCppConfig, default_threads
 from evospec.models.loading import default_backend, load_model
 from evospec.stats import SpecStats
 
@@ -29,8 +29,8 @@ class BenchSettings:
     target: str
     draft_model: str
     methods: tuple[str, ...] | None  # None: every method of the suite
-    suite: str  # "engine" or "selection" (bench/methods.py: method_names)
-    stream: str  # "mixed" or "domain-shift": the categories one block after another; "category:<name>": one category
+    suite: str  # one of bench.methods.SUITES (method_names says what each runs)
+    stream: str  # parts joined by "+", each mixed / domain-shift / category:NAME / NAME / edit (see _stream)
     per_category: int
     dtype: str | None  # hf backend only; None: DEFAULT_DTYPE
     backend: str | None  # None: default_backend(target)
@@ -39,6 +39,7 @@ class BenchSettings:
     command: str  # recorded with the results
     white_box: Path | None = None  # an eagle or hydra checkpoint: evospec:<kind>[+<learner>] methods
     learning: LearnerConfig = LearnerConfig()
+    llamacpp: LlamaCppConfig = LlamaCppConfig()  # how a llama.cpp target runs (e.g. exact_verify)
 
 
 def run_bench(settings: BenchSettings) -> dict:
@@ -51,21 +52,23 @@ def run_bench(settings: BenchSettings) -> dict:
     suite = method_names(settings.draft_model, backend, settings.suite, settings.white_box)
     names = list(settings.methods or suite)
     check_method_names(names, all_method_names(settings.draft_model, backend, settings.white_box))  # before loading GBs
-    target = load_model(settings.target, settings.dtype, backend)
-    draft_model = load_model(settings.draft_model, settings.dtype, backend)
+    target = load_model(settings.target, settings.dtype, backend, settings.llamacpp)
+    # The edit suite runs model-free drafters only: its selectors draft without a small LM.
+    draft_model = None if settings.suite == "edit" else load_model(settings.draft_model, settings.dtype, backend)
     methods = build_methods(names, target, draft_model, settings.generation.num_speculative_tokens,
-                            settings.white_box, settings.learning)
+                            settings.white_box, settings.learning, predictions=any(p.prediction for p in prompts))
     prompt_ids = [encode_prompt(target, prompt.text, chat=True) for prompt in prompts]
+    predictions = [encode_prediction(target, prompt.prediction) for prompt in prompts]
 
     warmup = replace(settings.generation, max_new_tokens=WARMUP_TOKENS)
     for method in methods:
-        method.run(prompt_ids[0], warmup)
+        method.run(prompt_ids[0], warmup, predictions[0])
     runs: dict[str, list[tuple[str, SpecStats]]] = {method.name: [] for method in methods}
     with tqdm(total=len(prompts) * len(methods), desc="bench", unit="gen") as progress:
-        for prompt, ids in zip(prompts, prompt_ids):
+        for prompt, ids, prediction in zip(prompts, prompt_ids, predictions):
             for method in methods:  # interleaved: A B C A B C ..., since machine speed drifts
                 progress.set_postfix_str(f"{prompt.category} {method.name}")
-                runs[method.name].append((prompt.category, method.run(ids, settings.generation)))
+                runs[method.name].append((prompt.category, method.run(ids, settings.generation, prediction)))
                 progress.update()
 
     methods_summary, plain = summarize(runs)
@@ -80,6 +83,7 @@ def run_bench(settings: BenchSettings) -> dict:
         "max_new_tokens": settings.generation.max_new_tokens,
         "num_speculative_tokens": settings.generation.num_speculative_tokens,
         "threads": default_threads() if backend == "llamacpp" else torch.get_num_threads(),
+        "cpu": cpu_description(),
         "load_average": round(load_average, 2),
         "plain_method": plain,
         "methods": methods_summary,
@@ -88,28 +92,41 @@ def run_bench(settings: BenchSettings) -> dict:
                 for method in methods if isinstance(method, EvospecMethod) and method.engine.learners}
     if learners:  # what each learner did over the stream, and the memory its state holds
         results["learners"] = learners
+    # T(n) on this machine, and the most any drafter could gain from it: every drafted token accepted.
+    cost = model_forward_cost(target, settings.generation.num_speculative_tokens + 1)
+    ceiling, size = cost.ceiling()
+    results["forward_cost_ms"] = {str(n): round(1000 * s, 2) for n, s in zip(cost.sizes, cost.seconds)}
+    results["ceiling"] = {"speedup": round(ceiling, 3), "forward_tokens": size,
+                          "note": f"(m + 1) T(1) / T(m + 1) at its best m, T measured after {COST_CONTEXT_TOKENS} tokens"}
     if backend == "llamacpp":  # llama-bench's decode figure, measured here with one-token llama_decode calls
-        one_token = model_forward_cost(target, settings.generation.num_speculative_tokens + 1).of(1)
-        results["llamacpp_decode_tokens_per_s"] = round(1 / one_token, 2)
+        results["llamacpp_decode_tokens_per_s"] = round(1 / cost.of(1), 2)
         print(f"llama.cpp bare decode (one llama_decode per token, {COST_CONTEXT_TOKENS}-token context): "
-              f"{1 / one_token:.2f} tokens/s")
+              f"{1 / cost.of(1):.2f} tokens/s")
     write_report(results, settings.out_dir)
     if any(name.startswith("select:") for name in runs) and single_drafters(list(runs)):
         plot_selection(runs, settings.out_dir / "selection.png")
-    if settings.stream != "mixed" and not settings.stream.startswith("category:"):
+    if len({prompt.category for prompt in prompts}) > 1 and settings.stream != "mixed":
         plot_blocks(results, settings.out_dir / "blocks.png")
     print((settings.out_dir / "results.md").read_text())
     return results
 
 
 def _stream(stream: str, per_category: int) -> list[Prompt]:
-    """The prompts of a stream: Spec-Bench category after category ("mixed"), or one category."""
+    """The prompts of a stream, one part after another; parts are joined by "+", each "mixed" or
+    "domain-shift" (every Spec-Bench category, category after category), "category:NAME" or NAME (one
+    Spec-Bench category), or "edit" (the edit workload: per_category requests of each kind of edit)."""
     prompts = spec_bench(per_category)
-    if stream in ("mixed", "domain-shift"):
-        return prompts
-    kind, _, category = stream.partition(":")
-    chosen = [prompt for prompt in prompts if prompt.category == category]
-    if kind != "category" or not chosen:
-        categories = ", ".join(dict.fromkeys(prompt.category for prompt in prompts))
-        raise EvospecError(f"unknown stream {stream!r}; use mixed, domain-shift or category:NAME with NAME one of {categories}")
+    categories = list(dict.fromkeys(prompt.category for prompt in prompts))
+    chosen = []
+    for part in stream.split("+"):
+        category = part.removeprefix("category:")
+        if part in ("mixed", "domain-shift"):
+            chosen += prompts
+        elif part == "edit":
+            chosen += edits(per_category)
+        elif category in categories:
+            chosen += [prompt for prompt in prompts if prompt.category == category]
+        else:
+            raise EvospecError(f"unknown stream {part!r}; use mixed, domain-shift, edit or category:NAME (NAME one of "
+                               f"{', '.join(categories)}), or several joined by '+'")
     return chosen

@@ -3,6 +3,8 @@ predicts the next feature, drafting autoregressively on its own predictions."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 
@@ -56,8 +58,8 @@ class EagleDrafter(WhiteBoxDrafter):
         self.origin = 0  # context position of the first cache entry
         self.exact = 0  # cache entries fed with exact inputs
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        super().begin(prompt_ids)
+    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> None:
+        super().begin(prompt_ids, prediction)
         self.cache = self._new_cache()
         self.origin, self.exact = len(prompt_ids), 0
 

@@ -2,38 +2,40 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
-from numpy.lib.stride_tricks import sliding_window_view
 
 from evospec.config import NgramConfig
-from evospec.drafters.base import empty_draft
+from evospec.drafters.base import empty_draft, match_label, match_lengths
 from evospec.sampling import Sampler
 from evospec.types import Draft
 
 
 class NgramDrafter:
-    """Finds the latest earlier occurrence of the context's last n tokens (longest n first) and
-    proposes the tokens that followed it. Pays off where output copies input: summaries, RAG, edits."""
+    """Finds the earlier place in the context whose preceding tokens match the context's end longest
+    (the latest among equals) and proposes up to k of the tokens that followed it. Pays off where
+    output copies input: summaries, RAG, edits."""
 
     name = "ngram"
 
     needs_hidden_states = False
     learnable = False
+    model_free = True
 
     def __init__(self, config: NgramConfig = NgramConfig()) -> None:
         self.config = config
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> None:
         """Nothing to prepare: the context is searched afresh each round."""
 
     def propose(self, context: list[int], k: int, sampler: Sampler) -> Draft:
         tokens = np.asarray(context, dtype=np.int64)
-        for n in range(min(self.config.max_ngram, len(tokens) - 1), self.config.min_ngram - 1, -1):
-            # Windows that start before the suffix itself, so that a continuation exists.
-            windows = sliding_window_view(tokens[:-1], n)  # [L - n, n]
-            hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
-            if hits.size:
-                start = hits[-1] + n
-                return Draft(tokens=torch.from_numpy(tokens[start : start + k].copy()), probs=None, label=f"match{n}")
-        return empty_draft()
+        ends = np.arange(1, len(tokens))  # a continuation starts at each earlier position
+        lengths = match_lengths(tokens, ends, tokens, self.config.max_ngram)
+        longest = int(lengths.max(initial=0))
+        if longest < self.config.min_ngram:
+            return empty_draft()
+        start = int(ends[lengths == longest][-1])
+        return Draft(tokens=torch.from_numpy(tokens[start : start + k].copy()), probs=None, label=match_label(longest))

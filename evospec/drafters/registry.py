@@ -1,6 +1,6 @@
 """The drafter registry: specs on the command line -> drafters.
 
-A drafter spec reads KIND or KIND:ARG (e.g. `ngram`, `lm:qwen2.5-coder-0.5b-instruct`, `eagle:CHECKPOINT`);
+A drafter spec reads KIND or KIND:ARG (e.g. `ngram`, `prediction`, `lm:qwen2.5-coder-0.5b-instruct`, `eagle:CHECKPOINT`);
 a spec that names no registered kind is taken as a model for the small-LM drafter
 (`qwen2.5-coder-0.5b-instruct`). `eagle` and `hydra` without a checkpoint start from random weights;
 `lora:MODEL` is the small LM with adapters that the online learners train.
@@ -16,6 +16,7 @@ from evospec.drafters.base import Drafter
 from evospec.drafters.eagle import EagleDrafter
 from evospec.drafters.hydra import HydraDrafter
 from evospec.drafters.ngram import NgramDrafter
+from evospec.drafters.prediction import PREDICTION, PredictionDrafter
 from evospec.drafters.small_lm import SmallLMDrafter
 from evospec.drafters.suffix import SuffixDrafter
 from evospec.drafters.whitebox import ReducedVocab, TargetTokens, WhiteBoxConfig, WhiteBoxDrafter, read_checkpoint
@@ -78,6 +79,12 @@ def _build_suffix(arg: str | None, target: LoadedModel, dtype: str | None) -> Dr
     return SuffixDrafter()
 
 
+def _build_prediction(arg: str | None, target: LoadedModel, dtype: str | None) -> Drafter:
+    if arg:
+        raise EvospecError(f"the prediction drafter takes no argument (each request brings its prediction), got '{PREDICTION}:{arg}'")
+    return PredictionDrafter()
+
+
 WHITE_BOX_KINDS = ("eagle", "hydra")
 
 
@@ -113,6 +120,7 @@ def _white_box_builder(kind: str) -> Callable[[str | None, LoadedModel, str | No
 DRAFTERS: dict[str, Callable[[str | None, LoadedModel, str | None], Drafter]] = {
     "ngram": _build_ngram,
     "suffix": _build_suffix,
+    PREDICTION: _build_prediction,
     "lm": _build_small_lm,
     "lora": _build_adapted_lm,
     **{kind: _white_box_builder(kind) for kind in WHITE_BOX_KINDS},

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from evospec.drafters.base import common_prefix_length
 from evospec.sampling import Sampler
 from evospec.target import LanguageModel
 from evospec.types import Draft
-
-
-def common_prefix_length(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of a and b."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the usual case, compared in C
-        return n
-    return next(i for i in range(n) if a[i] != b[i])
 
 
 class SmallLMDrafter:
@@ -26,13 +21,14 @@ class SmallLMDrafter:
 
     needs_hidden_states = False
     learnable = False
+    model_free = False
 
     def __init__(self, lm: LanguageModel, name: str) -> None:
         self.lm = lm
         self.name = name
         self.cached_ids: list[int] = []
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> None:
         self.lm.reset()
         self.cached_ids = []
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -106,6 +106,7 @@ class WhiteBoxDrafter:
 
     needs_hidden_states = True
     learnable = True
+    model_free = False
 
     def __init__(self, name: str, config: WhiteBoxConfig, module: torch.nn.Module, tokens: TargetTokens,
                  vocab: ReducedVocab) -> None:
@@ -121,7 +122,7 @@ class WhiteBoxDrafter:
         self.version = 0  # learning steps applied since it was built
         self.features: dict[int, torch.Tensor] = {}  # context position -> the target's hidden state there
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> None:
         self.features = {}
 
     def observe(self, feedback: RoundFeedback) -> None:

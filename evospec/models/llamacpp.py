@@ -1,20 +1,19 @@
 """The llama.cpp backend: a GGUF model run by llama.cpp through llama-cpp-python's C bindings.
 
-One `llama_decode` call evaluates the pending token plus the draft with logits at every position;
-a rejected draft is forgotten by removing its positions from the KV cache. Logits come back as a
-torch view of llama.cpp's own output buffer (no copy), valid until the next forward.
+One `llama_decode` call evaluates the pending token plus the whole draft with logits at every
+position; a rejected draft is forgotten by removing its positions from the KV cache. Logits come back
+as a torch view of llama.cpp's own output buffer (no copy), valid until the next forward. The weights
+are loaded repacked (llama.cpp's default "extra buffer types", what llama-cpp-python's own
+completion runs).
 
-Lossless needs each row of a verification to be computed exactly as a one-token decoding step
-would compute it, and llama.cpp's CPU kernels do not promise that. The weights are loaded repacked
-(llama.cpp's default "extra buffer types", what llama-cpp-python's own completion runs): on a 2-core
-AVX2 CPU that makes the 1.5b's one-token step 8-20% faster and 2- and 3-token forwards 13-23% faster
-than unpacked weights (benchmarks/llamacpp_repack.py). A repacked matmul computes up to 3 rows one
-by one, with the one-token kernel, and 4 or more with a blocked kernel that rounds differently, so
-verifications are cut into calls of at most `exact_rows`. SmolLM2 Q4_1 rows are then bit-identical to one-token steps (tests/test_llamacpp.py:
-output equal to llama.cpp's own greedy decoding). On Qwen2.5-Coder Q4_K_M they are too while the KV
-cache holds under 256 tokens; past that, llama.cpp's flash attention splits a one-token step's keys
-across threads (a different sum order than a multi-token call), logits differ by up to ~0.4 and
-near-ties can flip. There evospec equals llama.cpp's greedy output up to that rounding.
+A long forward costs far less per token than one-token steps on a CPU, and verifying a draft in one
+call is where speculation pays there. llama.cpp's CPU kernels are not batch-invariant: a repacked
+matmul computes up to 3 rows with the one-token kernel and 4 or more with a blocked kernel that rounds
+differently, and past 256 cached tokens a one-token step sums attention in another order. So a
+verification's rows may differ from one-token steps in the last bits, and near-ties can part; the
+emitted tokens are still the target's own choice in the pass that verified them, as in llama.cpp's
+and vLLM's speculative decoding. `exact_verify` cuts verifications into calls of at most `exact_rows`
+instead, so that each row is computed by the one-token kernel, as plain decoding computes it.
 """
 
 from __future__ import annotations
@@ -42,7 +41,8 @@ class LlamaCppConfig:
     batch_size: int = 512  # tokens per llama_decode call (a longer prompt is fed in chunks)
     threads: int | None = None  # None: every core this process may run on
     repack: bool = True  # llama.cpp's repacked weights ("extra buffer types"): faster at every batch size here
-    exact_rows: int = 3  # most rows per verification call: a repacked matmul rounds differently from 4 rows on
+    exact_verify: bool = False  # verify in calls of at most exact_rows rows, each computed as a one-token step
+    exact_rows: int = 3  # a repacked matmul rounds differently from 4 rows on
 
 
 def _bindings():
@@ -124,8 +124,9 @@ class LlamaCppLM:
     def forward(self, token_ids: Sequence[int], num_logits: int = 0) -> torch.Tensor:
         """Append token_ids [n] to the cache -> logits [n, V] float32 (the last num_logits rows only, if > 0).
 
-        With every row asked for (a verification), calls hold at most `exact_rows` tokens. The tensor
-        views llama.cpp's output buffer when one call sufficed: use it before the next forward.
+        With every row asked for (a verification), the tokens go in one call (of at most `exact_rows`
+        with exact_verify). The tensor views llama.cpp's output buffer when one call sufficed: use it
+        before the next forward.
         """
         return self._forward(token_ids, num_logits, hidden=False)[0]
 
@@ -169,7 +170,8 @@ class LlamaCppLM:
             rows = min(num_logits, n)
             self._decode(token_ids, self.model.config.batch_size, first_output=n - rows)
             return self._outputs(rows, hidden)
-        chunk = self.model.config.exact_rows
+        config = self.model.config
+        chunk = config.exact_rows if config.exact_verify else config.batch_size
         if n <= chunk:
             self._decode(token_ids, chunk, first_output=0)
             return self._outputs(n, hidden)

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from evospec.config import BACKENDS, DEFAULT_DTYPE, DTYPES
 from evospec.errors import EvospecError
-from evospec.models.llamacpp import LlamaCppLM, LlamaCppModel
+from evospec.models.llamacpp import LlamaCppConfig, LlamaCppLM, LlamaCppModel
 from evospec.models.quantize import quantize_int8_weights
 from evospec.models.zoo import ZOO, convert_gguf, convert_tokenizer, converted, evospec_home, pull, tokenizer_dir
 from evospec.target import CachedLM
@@ -45,12 +45,13 @@ class LoadedModel:
         return CachedLM(self.model)
 
 
-def load_model(spec: str, dtype: str | None = None, backend: str | None = None) -> LoadedModel:
+def load_model(spec: str, dtype: str | None = None, backend: str | None = None,
+               llamacpp: LlamaCppConfig = LlamaCppConfig()) -> LoadedModel:
     """Load `spec`: a zoo alias, a local Hugging Face directory, a .gguf file or a hub id "org/name".
 
     backend: one of BACKENDS; None picks `default_backend(spec)`. dtype (one of DTYPES, None for
     DEFAULT_DTYPE) applies to the hf backend, whose models run on `default_device()`; llama.cpp runs
-    the GGUF file's own quantization on the CPU.
+    the GGUF file's own quantization on the CPU, with the llamacpp settings (e.g. exact_verify).
     A zoo alias is pulled on first use and, for hf, a GGUF file converted once (all cached under
     `evospec_home()`). Anything that cannot be found is an EvospecError.
     """
@@ -60,7 +61,9 @@ def load_model(spec: str, dtype: str | None = None, backend: str | None = None) 
     if backend == "llamacpp":
         if dtype is not None:
             raise EvospecError("--dtype applies to the hf backend; llama.cpp runs the GGUF file's own quantization")
-        return _load_llamacpp(spec)
+        return _load_llamacpp(spec, llamacpp)
+    if llamacpp != LlamaCppConfig():
+        raise EvospecError("--exact-verify applies to the llama.cpp backend; hf in fp32 verifies bit-exactly already")
     dtype = dtype or DEFAULT_DTYPE
     if dtype not in TORCH_DTYPES:
         raise EvospecError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
@@ -89,7 +92,7 @@ def default_backend(spec: str) -> str:
     return "llamacpp" if is_gguf and default_device().type == "cpu" else "hf"
 
 
-def _load_llamacpp(spec: str) -> LoadedModel:
+def _load_llamacpp(spec: str, config: LlamaCppConfig) -> LoadedModel:
     """A GGUF file (a zoo alias pulled first) run by llama.cpp, with its extracted tokenizer."""
     if spec in ZOO:
         gguf_file, tokenizer_source = pull(spec), tokenizer_dir(spec)
@@ -101,7 +104,7 @@ def _load_llamacpp(spec: str) -> LoadedModel:
         if not tokenizer_source.is_dir():
             convert_tokenizer(gguf_file, tokenizer_source)
     tokenizer = _from_pretrained(AutoTokenizer, spec, tokenizer_source)
-    return LoadedModel(spec, LlamaCppModel(gguf_file), tokenizer, gguf_file, backend="llamacpp")
+    return LoadedModel(spec, LlamaCppModel(gguf_file, config), tokenizer, gguf_file, backend="llamacpp")
 
 
 def resolve(spec: str) -> Path | str:

@@ -122,7 +122,8 @@ def create_app(
         if not worker.ready.is_set():
             state = "failed to load" if worker.load_error else "is still loading"
             raise APIError(503, f"the model {state}", kind="server_error", code="model_not_ready")
-        job = Job(prompt, chat, generation_config(body), asyncio.get_running_loop())
+        prediction = body.prediction.text() if body.prediction else None
+        job = Job(prompt, chat, generation_config(body), prediction, asyncio.get_running_loop())
         worker.submit(job)
         reply = Reply(chat, model_name)
         try:

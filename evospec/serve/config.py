@@ -18,6 +18,7 @@ class ServerConfig:
     state_dir: Path | None = None  # where learned state is saved and restored from; None keeps nothing
     save_every: int = 32  # requests between two saves of the state (and one more on shutdown)
     max_prompt_tokens: int = 8192
+    max_prediction_tokens: int = 8192  # the longest prediction (OpenAI Predicted Outputs) a request may send
     max_tokens_limit: int = 4096  # the largest max_tokens a request may ask for
     max_body_bytes: int = 1 << 20
 
@@ -26,6 +27,6 @@ class ServerConfig:
             raise EvospecError(f"port must be in 0..65535, got {self.port}")
         if self.api_key is not None and not self.api_key.strip():
             raise EvospecError("the API key is empty")
-        for name in ("save_every", "max_prompt_tokens", "max_tokens_limit", "max_body_bytes"):
+        for name in ("save_every", "max_prompt_tokens", "max_prediction_tokens", "max_tokens_limit", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise EvospecError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")

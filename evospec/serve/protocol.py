@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from evospec.drafters.prediction import PREDICTION
 from evospec.errors import EvospecError
 from evospec.stats import SpecStats
 
@@ -55,6 +56,21 @@ Stop = Annotated[
 ]
 
 
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Prediction(_Strict):
+    """OpenAI Predicted Outputs: text the answer is expected to repeat much of (e.g. the code being edited)."""
+
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
 class _Request(_Strict):
     """Fields both endpoints take. temperature 0 is greedy; the default 1 is OpenAI's."""
 
@@ -68,6 +84,7 @@ class _Request(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1  # one choice per request
+    prediction: Prediction | None = None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -106,9 +123,17 @@ def parse_request(kind: type[Request], body: bytes) -> Request:
 
 
 def usage(prompt_tokens: int, completion_tokens: int, stats: SpecStats) -> dict[str, Any]:
-    """OpenAI's token counts, and the request's speculative-decoding counters under `spec_decode`."""
+    """OpenAI's token counts, and the request's speculative-decoding counters under `spec_decode`.
+
+    Of the prediction's tokens, accepted ones were drafted and accepted; rejected ones were drafted,
+    verified and rejected (the target's work the prediction cost)."""
+    drafted = stats.drafters.get(PREDICTION)
+    accepted = drafted.num_accepted_tokens if drafted else 0
+    rejected = drafted.num_draft_tokens - accepted if drafted else 0
+    details = {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": rejected}
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens, "spec_decode": stats.to_dict()}
+            "total_tokens": prompt_tokens + completion_tokens, "completion_tokens_details": details,
+            "spec_decode": stats.to_dict()}
 
 
 class Reply:

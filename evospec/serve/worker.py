@@ -43,6 +43,7 @@ class Job:
     prompt: Prompt
     chat: bool
     config: GenerationConfig
+    prediction: str | None  # the predicted output, for the prediction drafter
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)  # the client left: stop, answer nothing
@@ -113,11 +114,14 @@ class Worker:
             return False
         aborted = False
         try:
-            stream = generator.stream(job.prompt, job.config, chat=job.chat)
+            stream = generator.stream(job.prompt, job.config, chat=job.chat, prediction=job.prediction)
             if len(stream.prompt_ids) > self._config.max_prompt_tokens:
                 raise APIError(400, f"the prompt has {len(stream.prompt_ids)} tokens; this server takes at most "
                                     f"{self._config.max_prompt_tokens}", param="messages" if job.chat else "prompt",
                                code="context_length_exceeded")
+            if len(stream.prediction_ids) > self._config.max_prediction_tokens:
+                raise APIError(400, f"the prediction has {len(stream.prediction_ids)} tokens; this server takes at most "
+                                    f"{self._config.max_prediction_tokens}", param="prediction")
             pieces = iter(stream)
             try:
                 for piece in pieces:
