@@ -27,6 +27,7 @@ DEFAULT_SAMPLING = SamplingConfig()
 SERVER = ServerConfig()
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b-instruct"
+DEMO_K = 64  # long drafts: where a CPU gains from speculation
 
 
 def _add_generation_options(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +36,10 @@ def _add_generation_options(parser: argparse.ArgumentParser) -> None:
                         help="choose the draft length each round (at most --k) from the target's measured "
                              "forward cost and the drafter's acceptance")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens)
+    _add_backend_options(parser)
+
+
+def _add_backend_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=BACKENDS, help="default: llamacpp for GGUF files and zoo aliases on a CPU, hf otherwise")
     parser.add_argument("--dtype", choices=DTYPES, help=f"hf backend only (default {DEFAULT_DTYPE})")
     parser.add_argument("--exact-verify", action="store_true",
@@ -141,6 +146,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     config = _generation_config(args)  # validate settings before loading GBs of weights
     from evospec.drafters.prediction import PREDICTION
 
+    if args.prediction is not None and args.drafter and PREDICTION not in (spec.partition(":")[0] for spec in args.drafter):
+        raise EvospecError(f"--prediction is drafted by the {PREDICTION} drafter: add --drafter {PREDICTION}")
     prediction = _read_prediction(args.prediction)
     if prediction is not None and not args.drafter:
         args.drafter = [PREDICTION]  # what drafts a prediction
@@ -207,7 +214,8 @@ def cmd_models(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from evospec.bench.demo import run_demo
 
-    run_demo(args.target, args.draft_model, args.prompts, _generation_config(args), args.dtype, args.backend)
+    config = GenerationConfig(num_speculative_tokens=args.k)  # each task sets its own number of new tokens
+    run_demo(args.target, config, args.dtype, args.backend, _llamacpp_config(args))
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -291,12 +299,12 @@ def build_parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="list the model zoo")
     models.set_defaults(handler=cmd_models)
 
-    demo = commands.add_parser("demo", help="the default pair on a few Spec-Bench prompts, against plain decoding")
+    demo = commands.add_parser("demo", help="where speculation pays and where it does not: an edit, a summary, a chat, "
+                                             "each against plain decoding")
     demo.add_argument("--target", default=DEFAULT_TARGET)
-    demo.add_argument("--draft-model", default=DEFAULT_DRAFT_MODEL)
-    demo.add_argument("--prompts", type=int, default=3, help="Spec-Bench prompts, one per category")
-    _add_generation_options(demo)
-    demo.set_defaults(handler=cmd_demo, max_new_tokens=64)
+    demo.add_argument("--k", type=int, default=DEMO_K, help="the longest draft the adaptive length may verify")
+    _add_backend_options(demo)
+    demo.set_defaults(handler=cmd_demo)
 
     bench = commands.add_parser("bench", help="interleaved benchmark on Spec-Bench (greedy, batch 1)")
     bench.add_argument("--target", default=DEFAULT_TARGET)

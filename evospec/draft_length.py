@@ -63,10 +63,14 @@ class AdaptiveConfig:
     prior_acceptance: float = 0.5  # alpha before any verdict, worth prior_weight trials
     prior_weight: float = 2.0
     discount: float = 0.995  # per round: the weight of the past halves in about 140 rounds
+    # For drafters checked for free every round, evidence is plentiful: the past halves in about 14 rounds,
+    # so that what a stream taught (a summary quoting its article) does not carry into the next request.
+    free_check_discount: float = 0.95
     exploration: float = 0.2  # scales the optimism bonus sqrt(log(rounds) / trials)
 
     def __post_init__(self) -> None:
-        if not (0 <= self.prior_acceptance < 1 and self.prior_weight > 0 and 0 < self.discount <= 1):
+        if not (0 <= self.prior_acceptance < 1 and self.prior_weight > 0 and 0 < self.discount <= 1
+                and 0 < self.free_check_discount <= 1):
             raise EvospecError(f"invalid adaptive draft-length settings: {self}")
 
 
@@ -90,16 +94,26 @@ class AdaptiveDraftLength:
         self.config = config
         self._acceptance: dict[tuple[str, str], _Acceptance] = {}
         self._draft_seconds_per_token: dict[str, float] = {}
+        self._checked_for_free: set[str] = set()  # model-free drafters: every round judges their drafts
         self._rounds = 0
 
     def alpha(self, drafter: str, label: str = "") -> float:
-        """The optimistic acceptance estimate for a drafter's drafts under a label."""
+        """The acceptance estimate for a drafter's drafts under a label: a label's prior is what the
+        drafter as a whole gets, the drafter's is prior_acceptance. It is read optimistically unless
+        the drafter's drafts are checked every round for free (then nothing needs exploring)."""
         counts = self._acceptance.get((drafter, label))
         c = self.config
+        prior = self._mean(drafter, "") if label else c.prior_acceptance
         trials = (counts.trials if counts else 0.0) + c.prior_weight
-        successes = (counts.successes if counts else 0.0) + c.prior_weight * c.prior_acceptance
-        bonus = c.exploration * math.sqrt(math.log(self._rounds + 2) / trials)
-        return min(successes / trials + bonus, 0.999)
+        mean = ((counts.successes if counts else 0.0) + c.prior_weight * prior) / trials
+        bonus = 0.0 if drafter in self._checked_for_free else c.exploration * math.sqrt(math.log(self._rounds + 2) / trials)
+        return min(mean + bonus, 0.999)
+
+    def _mean(self, drafter: str, label: str) -> float:
+        """The drafter's posterior mean acceptance under a label, without optimism."""
+        counts = self._acceptance.get((drafter, label)) or _Acceptance()
+        c = self.config
+        return (counts.successes + c.prior_weight * c.prior_acceptance) / (counts.trials + c.prior_weight)
 
     def best_length(self, alpha: float, max_length: int, seconds_per_draft_token: float = 0.0) -> int:
         """argmax of E[emitted | m] / time(m) over m = 0, max_length and the m <= max_length whose
@@ -115,6 +129,7 @@ class AdaptiveDraftLength:
 
     def budget(self, drafter: str, k: int, model_free: bool) -> int:
         if model_free:  # a whole draft costs nothing: keep() decides, and what it leaves out is checked for free
+            self._checked_for_free.add(drafter)
             return k
         # The best label's acceptance: a drafter whose drafts pay only sometimes must still be asked,
         # and keep() then drops the drafts that do not pay.
@@ -128,9 +143,11 @@ class AdaptiveDraftLength:
     def observe(self, attempt: Attempt, verdict: Verdict) -> None:
         self._rounds += 1
         # Every round ages the evidence, verified or not, so a drafter left out is tried again.
+        free = attempt.drafter in self._checked_for_free
+        discount = self.config.free_check_discount if free else self.config.discount
         for (name, _), counts in self._acceptance.items():
             if name == attempt.drafter:
-                counts.decay(self.config.discount)
+                counts.decay(discount)
         proposed = attempt.proposed
         if not proposed.size:
             return

@@ -84,10 +84,9 @@ class Engine:
         sampler = Sampler(config.sampling)
         context = list(prompt_ids)
         self.target.reset()
-        for drafter in self.drafters.values():
-            drafter.begin(context, prediction)
-        if self.selector is not None:
-            self.selector.begin_request()
+        awake = [name for name, drafter in self.drafters.items() if drafter.begin(context, prediction)]
+        if awake:  # the drafters with something to draft from in this request; without any, plain decoding
+            self.selector.begin_request(awake)
         try:
             logits, attempt = self._forward(context, stats, prefill=True), None  # [1, V]; the prefill drafts nothing
             stats.prompt_tokens += len(prompt_ids)
@@ -114,7 +113,8 @@ class Engine:
                 if budget == 0 or len(context) >= self.context_length:
                     return
                 # 3. A selected drafter drafts no more than the budget, the window and the draft-length policy allow.
-                attempt = self._draft(context, min(budget - 1, self.context_length - len(context)), config, sampler)
+                room = min(budget - 1, self.context_length - len(context))
+                attempt = self._draft(context, room, config, sampler) if awake else None
                 # 4. One target pass over the pending token and the draft: p at every position.
                 logits = self._forward([context[-1], *(attempt.draft.tokens.tolist() if attempt else [])], stats)
         finally:
@@ -142,9 +142,7 @@ class Engine:
         return logits
 
     def _draft(self, context: list[int], room: int, config: GenerationConfig, sampler: Sampler) -> Attempt | None:
-        """This round's attempt: the selected drafter's draft of at most `room` tokens (None without drafters)."""
-        if self.selector is None:
-            return None
+        """This round's attempt: the selected drafter's draft of at most `room` tokens."""
         name = self.selector.select()
         drafter = self.drafters[name]
         asked = self.draft_length.budget(name, min(config.num_speculative_tokens, room), drafter.model_free)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from evospec.bench.runner import BenchSettings, run_bench
-from evospec.bench.workloads import MT_BENCH, spec_bench
+from evospec.bench.workloads import EDIT_REPLY, EDITS, MT_BENCH, edits, spec_bench
 from evospec.config import GenerationConfig
 from evospec.errors import EvospecError
 
@@ -65,15 +65,37 @@ def test_the_engine_suite_has_each_backends_baselines(tmp_path: Path, backend, d
 
 
 @pytest.mark.slow
-def test_demo_prints_each_method_and_the_total(capsys, monkeypatch):
+def test_demo_shows_each_task_against_plain_decoding_and_the_ceiling(capsys, monkeypatch):
     from evospec.cli import main
 
-    monkeypatch.setenv("COLUMNS", "200")  # rich wraps long method names in a narrow terminal
-    status = main(["demo", "--target", SMOL, "--draft-model", SMOL, "--prompts", "1", "--max-new-tokens", "8"])
+    monkeypatch.setenv("COLUMNS", "250")  # rich wraps long cells in a narrow terminal
+    status = main(["demo", "--target", SMOL, "--k", "16"])
     out = capsys.readouterr().out
     assert status == 0
-    assert "evospec-plain" in out and f"evospec:{SMOL}" in out and "evospec:ngram" in out
-    assert "all" in out and "1.00x" in out
+    for task in ("edit with a prediction", "summary of an article", "chat"):
+        assert task in out
+    assert out.count("plain decoding") == 3 and out.count("evospec (ngram, suffix, prediction)") == 3
+    assert "1.00x" in out and "no drafter can decode faster than" in out
+
+
+@pytest.mark.slow
+def test_the_edit_suite_drafts_the_prediction_beside_spec_bench_prompts(tmp_path: Path):
+    settings = BenchSettings(
+        target=SMOL, draft_model=SMOL, methods=None, suite="edit", stream="edit+summarization", per_category=1,
+        dtype=None, backend="llamacpp", generation=GenerationConfig(max_new_tokens=48, num_speculative_tokens=32),
+        out_dir=tmp_path, command="evospec bench --suite edit (test)",
+    )
+    run_bench(settings)
+    results = json.loads((tmp_path / "results.json").read_text())
+    methods = results["methods"]
+    assert list(methods) == ["llamacpp-plain", "llamacpp-lookup", "evospec-plain", "evospec:ngram/k=auto",
+                             "evospec:suffix/k=auto", "evospec:prediction/k=auto", "select:ucb-bd/k=auto"]
+    assert list(methods["evospec-plain"]["per_category"]) == [*EDITS, "summarization"]
+    assert set(methods["select:ucb-bd/k=auto"]["drafters"]) == {"ngram", "suffix", "prediction"}  # no small LM
+    edit_rounds = methods["evospec:prediction/k=auto"]["drafters"]["prediction"]
+    assert edit_rounds["pulls"] > 0 and edit_rounds["num_accepted_tokens"] > 0
+    assert results["cpu"]["model"] and "avx2" in results["cpu"] and results["ceiling"]["speedup"] > 1
+    assert "1" in results["forward_cost_ms"] and (tmp_path / "blocks.png").stat().st_size > 1000
 
 
 @pytest.mark.slow
@@ -94,12 +116,26 @@ def test_the_selection_suite_adds_the_oracle_and_plots_regret_and_arm_shares(tmp
     assert (tmp_path / "selection.png").stat().st_size > 1000
 
 
-def test_an_unknown_stream_names_the_categories():
+def test_streams_compose_and_an_unknown_one_names_the_categories():
     from evospec.bench.runner import _stream
 
     assert {prompt.category for prompt in _stream("category:qa", 2)} == {"qa"}
-    with pytest.raises(EvospecError, match="math_reasoning"):
-        _stream("category:poetry", 1)
+    composed = _stream("edit+summarization+category:rag", 2)
+    assert [prompt.category for prompt in composed][::2] == [*EDITS, "summarization", "rag"]
+    assert all(prompt.prediction for prompt in composed[: 2 * len(EDITS)]) and not composed[-1].prediction
+    for stream in ("category:poetry", "edit+poetry"):
+        with pytest.raises(EvospecError, match="math_reasoning"):
+            _stream(stream, 1)
+
+
+def test_each_edit_asks_for_the_whole_function_back_and_predicts_it_unchanged():
+    prompts = edits(3)
+    assert [prompt.category for prompt in prompts][::3] == list(EDITS) and len({prompt.id for prompt in prompts}) == 15
+    for prompt in prompts:
+        assert prompt.prediction in prompt.text and prompt.text.endswith(EDIT_REPLY)
+        assert f"def {prompt.prediction.split('def ', 1)[1].split('(')[0]}(" in prompt.text
+    with pytest.raises(EvospecError, match="per-category"):
+        edits(0)
 
 
 def test_every_suite_method_and_its_adaptive_variants_are_known_before_loading():

@@ -64,7 +64,7 @@ def test_acceptance_is_learned_per_label_so_only_good_drafts_are_verified():
 
 def test_a_model_free_drafter_learns_from_drafts_that_were_never_verified():
     """The first unverified drafted token is judged by the token the target emitted in its place."""
-    policy = AdaptiveDraftLength(ForwardCost((1.0, 1.9, 2.8, 3.7, 4.6)))  # a verified token costs 0.9 of a step
+    policy = AdaptiveDraftLength(ForwardCost((1.0, 1.9, 2.3, 2.6, 2.9)))  # one verified token costs 0.9 of a step
     assert policy.budget("suffix", 8, model_free=True) == 8  # asked for a whole draft: it costs nothing
     assert policy.keep("suffix", draft(4, "match8")) == 0  # the prior alone does not pay at this cost
     for _ in range(40):  # nothing verified, and the drafted token was what the target said next

@@ -154,8 +154,28 @@ def test_round_robin_and_fixed():
 def test_per_request_state_is_dropped_at_each_request():
     selector = build_selector("ucb-bd", ["a", "b"], SelectorConfig(per_request=True))
     bernoulli_bandit(selector, [0.9, 0.1], rounds=50)
-    selector.begin_request()
+    selector.begin_request(["a", "b"])
     assert selector.pulls == {"a": 0.0, "b": 0.0}
+
+
+@pytest.mark.parametrize("name", sorted(set(SELECTORS) - {"fixed"}))
+def test_an_arm_that_sleeps_through_a_request_is_never_selected_and_keeps_what_it_learned(name):
+    selector = build_selector(name, ["a", "b", "c"])
+    bernoulli_bandit(selector, [0.2, 0.9, 0.5], rounds=60)
+    learned = dict(selector.pulls)
+    selector.begin_request(["a", "c"])  # b has nothing to draft from in this request
+    picks = set()
+    for _ in range(40):
+        arm = selector.select()
+        picks.add(arm)
+        selector.update(arm, 0.5)
+    assert picks <= {"a", "c"} and selector.pulls["b"] == learned["b"]
+    selector.begin_request(["a", "b", "c"])
+    pulls_of_b = selector.pulls["b"]
+    bernoulli_bandit(selector, [0.2, 0.9, 0.5], rounds=40)
+    assert selector.pulls["b"] > pulls_of_b  # awake again, it is pulled again
+    with pytest.raises(EvospecError, match="awake"):
+        selector.begin_request(["z"])
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,8 @@ MODEL = "tiny"
 KEY = "sk-test"
 K = 3
 MAX_NEW = 24  # the server's default max_tokens, and what the tests ask for
-LIMITS = {"max_prompt_tokens": 40, "max_tokens_limit": 200, "max_body_bytes": 16_384}
+LIMITS = {"max_prompt_tokens": 40, "max_prediction_tokens": 60, "max_tokens_limit": 200, "max_body_bytes": 16_384}
+DRAFTERS = ("ngram", "suffix", "prediction")
 WORDS = ["<unk>", "<eos>", "system", "user", "assistant", *(f"w{i}" for i in range(TINY_VOCAB - 5))]
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
                  "{% if add_generation_prompt %}assistant{% endif %}")
@@ -66,7 +67,7 @@ def model_dir(tmp_path_factory) -> str:
 
 def model_args(model_dir: str) -> list[str]:
     """The same target and drafters for `evospec generate` and the server."""
-    return ["--target", model_dir, "--backend", "hf", "--dtype", "fp32", "--drafter", "ngram", "--drafter", "suffix",
+    return ["--target", model_dir, "--backend", "hf", "--dtype", "fp32", *(f"--drafter={spec}" for spec in DRAFTERS),
             "--k", str(K)]
 
 
@@ -88,9 +89,9 @@ def expected(model_dir) -> dict[str, dict]:
     return answers
 
 
-def load_served(model_dir: str) -> Served:
+def load_served(model_dir: str, specs: tuple[str, ...] = DRAFTERS) -> Served:
     target = load_model(model_dir, "fp32", "hf")
-    drafters = [build_drafter(spec, target, "fp32") for spec in ("ngram", "suffix")]
+    drafters = [build_drafter(spec, target, "fp32") for spec in specs]
     return Served(TextGenerator(target, build_engine(target, drafters, selector=build_selector("ucb-bd", [d.name for d in drafters]))))
 
 
@@ -270,6 +271,11 @@ BAD_CASES = [
     bad("messages-text", "/v1/chat/completions", 400, body={**CHAT, "messages": "w1 w2"}),
     bad("role-unknown", "/v1/chat/completions", 400, body={**CHAT, "messages": [{"role": "x", "content": "w1"}]}),
     bad("content-not-text", "/v1/chat/completions", 400, body={**CHAT, "messages": [{"role": "user", "content": 1}]}),
+    bad("prediction-a-string", "/v1/chat/completions", 400, body={**CHAT, "prediction": "w1 w2"}),
+    bad("prediction-wrong-type", "/v1/chat/completions", 400, body={**CHAT, "prediction": {"type": "text", "content": "w1"}}),
+    bad("prediction-image-part", "/v1/chat/completions", 400, body={**CHAT, "prediction": {
+        "type": "content", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}}),
+    bad("prediction-too-long", "/v1/completions", 400, body={**PROMPT, "prediction": {"type": "content", "content": "w1 " * 100}}),
     bad("no-api-key", "/v1/completions", 401, body=PROMPT, key=None),
     bad("wrong-api-key", "/v1/completions", 401, body=PROMPT, key="sk-wrong"),
     bad("metrics-wrong-api-key", "/metrics", 401, key="sk-wrong", method="GET"),
@@ -288,6 +294,42 @@ def test_bad_input_is_an_openai_error_and_the_server_stays_up(server, method, pa
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     assert httpx.get(f"{server}/health").status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prediction_is_drafted_and_its_tokens_are_counted_as_openai_counts_them(server, expected, stream):
+    """The predicted text drafted by the prediction drafter: the answer is still the target's own, and
+    usage says how many of the prediction's tokens were accepted and rejected."""
+    answer = expected["chat"]
+    words = answer["text"].split()
+    predictions = {"right": answer["text"], "edited": " ".join([*words[:3], "w90", *words[4:]])}
+    for kind, prediction in predictions.items():
+        parts = [{"type": "text", "text": prediction[:5]}, {"type": "text", "text": prediction[5:]}]
+        response = client(server).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "w1 w2 w3"}], max_tokens=MAX_NEW, temperature=0,
+            prediction={"type": "content", "content": parts if kind == "edited" else prediction}, stream=stream,
+            stream_options={"include_usage": True} if stream else None,
+        )
+        if stream:
+            chunks = list(response)
+            text, usage = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices), chunks[-1].usage
+        else:
+            text, usage = response.choices[0].message.content, response.usage
+        assert text == answer["text"], kind
+        details = usage.completion_tokens_details
+        drafted = usage.model_extra["spec_decode"]["drafters"].get("prediction", {})
+        assert details.accepted_prediction_tokens == drafted.get("num_accepted_tokens", 0)
+        assert details.rejected_prediction_tokens == drafted.get("num_draft_tokens", 0) - details.accepted_prediction_tokens
+        if kind == "right":
+            assert details.accepted_prediction_tokens > 0
+
+
+def test_a_prediction_needs_the_prediction_drafter(model_dir):
+    with serving(ServerConfig(), lambda: load_served(model_dir, ("ngram",))) as url:
+        wait_healthy(url)
+        response = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "prediction": {"type": "content", "content": "w1"}})
+        assert response.status_code == 400 and "--drafter prediction" in response.json()["error"]["message"]
+        assert httpx.post(f"{url}/v1/chat/completions", json=CHAT).status_code == 200
 
 
 def test_concurrent_streaming_clients_each_get_their_own_complete_answer(server, expected):

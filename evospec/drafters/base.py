@@ -22,9 +22,10 @@ class Drafter(Protocol):
     # whole one every round, learning from the part it leaves unverified.
     model_free: bool
 
-    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> None:
+    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> bool:
         """A new request starts with these prompt token ids; prediction: the output the client expects
-        (OpenAI Predicted Outputs), as token ids; empty when it gave none."""
+        (OpenAI Predicted Outputs), as token ids, empty when it gave none. Whether the drafter has
+        anything to draft from in this request: one that has not sits it out (the selector skips it)."""
 
     def propose(self, context: list[int], k: int, sampler: Sampler) -> Draft:
         """Draft at most k tokens after context (all token ids so far, prompt included)."""

@@ -58,10 +58,10 @@ class EagleDrafter(WhiteBoxDrafter):
         self.origin = 0  # context position of the first cache entry
         self.exact = 0  # cache entries fed with exact inputs
 
-    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> None:
-        super().begin(prompt_ids, prediction)
+    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> bool:
         self.cache = self._new_cache()
         self.origin, self.exact = len(prompt_ids), 0
+        return super().begin(prompt_ids, prediction)
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, sampler: Sampler) -> Draft:

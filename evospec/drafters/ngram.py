@@ -27,8 +27,9 @@ class NgramDrafter:
     def __init__(self, config: NgramConfig = NgramConfig()) -> None:
         self.config = config
 
-    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> None:
+    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> bool:
         """Nothing to prepare: the context is searched afresh each round."""
+        return True
 
     def propose(self, context: list[int], k: int, sampler: Sampler) -> Draft:
         tokens = np.asarray(context, dtype=np.int64)

@@ -54,10 +54,11 @@ class PredictionDrafter:
         self._run = 0  # how many of the output's last tokens equal the prediction's just before _next
         self._seen = 0  # output tokens already accounted for
 
-    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> None:
+    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> bool:
         self._prediction = np.asarray(prediction, dtype=np.int64)
         self._prompt_length = len(prompt_ids)
         self._next = self._run = self._seen = 0
+        return bool(self._prediction.size)
 
     def propose(self, context: list[int], k: int, sampler: Sampler) -> Draft:
         if not self._prediction.size:

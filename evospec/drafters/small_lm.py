@@ -28,9 +28,10 @@ class SmallLMDrafter:
         self.name = name
         self.cached_ids: list[int] = []
 
-    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> None:
+    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> bool:
         self.lm.reset()
         self.cached_ids = []
+        return True
 
     def propose(self, context: list[int], k: int, sampler: Sampler) -> Draft:
         # Catch up: keep the agreeing prefix; always re-feed at least the last token to get its logits.

@@ -53,10 +53,11 @@ class SuffixDrafter:
         self._next: dict[tuple[int, ...], int] = {}  # n-gram -> corpus position of the token after it
         self._context_start = 0  # corpus position of the current context's first token
 
-    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> None:
+    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> bool:
         if len(self._corpus) + len(prompt_ids) > self.config.max_corpus_tokens:
             self._forget_oldest_half()
         self._context_start = len(self._corpus)
+        return True
 
     def propose(self, context: list[int], k: int, sampler: Sampler) -> Draft:
         self._index(context)

@@ -122,8 +122,9 @@ class WhiteBoxDrafter:
         self.version = 0  # learning steps applied since it was built
         self.features: dict[int, torch.Tensor] = {}  # context position -> the target's hidden state there
 
-    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> None:
+    def begin(self, prompt_ids: list[int], prediction: Sequence[int]) -> bool:
         self.features = {}
+        return True
 
     def observe(self, feedback: RoundFeedback) -> None:
         """Keep the target's hidden states at the positions it just verified."""

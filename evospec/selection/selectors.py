@@ -45,8 +45,9 @@ class Selector(Protocol):
     def update(self, arm: str, reward: float) -> None:
         """The reward of the round in which `arm` was pulled."""
 
-    def begin_request(self) -> None:
-        """A new request starts (state is dropped when the selector is configured per request)."""
+    def begin_request(self, awake: Sequence[str]) -> None:
+        """A new request starts; only the awake arms (the drafters with something to draft for it) may
+        be selected. State is dropped when the selector is configured per request."""
 
     def state_dict(self) -> dict[str, Any]:
         """What it has learned, as JSON-able values."""
@@ -66,13 +67,18 @@ class _Counts:
         self.arms = tuple(arms)
         self.config = config
         self.rng = random.Random(config.seed)
+        self.awake = self.arms  # the arms that may be selected in this request
         self.reset()
 
     def reset(self) -> None:
         self.pulls = dict.fromkeys(self.arms, 0.0)
         self.rewards = dict.fromkeys(self.arms, 0.0)
 
-    def begin_request(self) -> None:
+    def begin_request(self, awake: Sequence[str]) -> None:
+        unknown = set(awake) - set(self.arms)
+        if unknown or not awake:
+            raise EvospecError(f"a request's awake arms must be some of {list(self.arms)}, got {list(awake)}")
+        self.awake = tuple(arm for arm in self.arms if arm in awake)
         if self.config.per_request:
             self.reset()
 
@@ -87,7 +93,7 @@ class _Counts:
         return self.rewards[arm] / self.pulls[arm] if self.pulls[arm] else 0.0
 
     def unpulled(self) -> str | None:
-        return next((arm for arm in self.arms if self.pulls[arm] == 0), None)
+        return next((arm for arm in self.awake if self.pulls[arm] == 0), None)
 
     def state_dict(self) -> dict[str, Any]:
         version, internal, gauss = self.rng.getstate()
@@ -123,7 +129,7 @@ class UCB(_Counts):
             return first
         total = sum(self.pulls.values())
         return max(
-            self.arms,
+            self.awake,
             key=lambda arm: self.mean(arm) + self.config.beta * math.sqrt(2 * math.log(total) / self.pulls[arm]),
         )
 
@@ -147,20 +153,21 @@ class EXP3(_Counts):
         self._last_probs = self.probabilities()
 
     def probabilities(self) -> dict[str, float]:
-        gamma, top = self.config.exp3_gamma, max(self.log_weights.values())
-        weights = {arm: math.exp(w - top) for arm, w in self.log_weights.items()}
+        """The chance of each awake arm this round."""
+        gamma, top = self.config.exp3_gamma, max(self.log_weights[arm] for arm in self.awake)
+        weights = {arm: math.exp(self.log_weights[arm] - top) for arm in self.awake}
         total = sum(weights.values())
-        return {arm: (1 - gamma) * w / total + gamma / len(self.arms) for arm, w in weights.items()}
+        return {arm: (1 - gamma) * w / total + gamma / len(self.awake) for arm, w in weights.items()}
 
     def select(self) -> str:
         self._last_probs = self.probabilities()
-        return self.rng.choices(self.arms, weights=[self._last_probs[arm] for arm in self.arms])[0]
+        return self.rng.choices(self.awake, weights=[self._last_probs[arm] for arm in self.awake])[0]
 
     def update(self, arm: str, reward: float) -> None:
         super().update(arm, reward)
         for name in self.arms:  # discounting forgets in weight space too
             self.log_weights[name] *= self.config.discount
-        self.log_weights[arm] += self.config.exp3_gamma * reward / (self._last_probs[arm] * len(self.arms))
+        self.log_weights[arm] += self.config.exp3_gamma * reward / (self._last_probs[arm] * len(self.awake))
 
 
 class Thompson(_Counts):
@@ -170,7 +177,7 @@ class Thompson(_Counts):
 
     def select(self) -> str:
         return max(
-            self.arms,
+            self.awake,
             key=lambda arm: self.rng.betavariate(1 + self.rewards[arm], 1 + self.pulls[arm] - self.rewards[arm]),
         )
 
@@ -213,7 +220,7 @@ class GaussianThompson(_Counts):
         first = self.unpulled()
         if first is not None:
             return first
-        return max(self.arms, key=self.sample)
+        return max(self.awake, key=self.sample)
 
 
 class EpsilonGreedy(_Counts):
@@ -226,12 +233,12 @@ class EpsilonGreedy(_Counts):
         if first is not None:
             return first
         if self.rng.random() < self.config.epsilon:
-            return self.rng.choice(self.arms)
-        return max(self.arms, key=self.mean)
+            return self.rng.choice(self.awake)
+        return max(self.awake, key=self.mean)
 
 
 class Fixed(_Counts):
-    """Always the same arm (a single drafter, or a baseline)."""
+    """Always the same arm (a single drafter, or a baseline), awake or not."""
 
     reward_kind = "bd"
 
@@ -246,7 +253,7 @@ class Fixed(_Counts):
 
 
 class RoundRobin(_Counts):
-    """Each arm in turn."""
+    """Each awake arm in turn."""
 
     reward_kind = "bd"
 
@@ -262,7 +269,7 @@ class RoundRobin(_Counts):
         self._turn = int(state["turn"])
 
     def select(self) -> str:
-        arm = self.arms[self._turn % len(self.arms)]
+        arm = self.awake[self._turn % len(self.awake)]
         self._turn += 1
         return arm
 
