@@ -66,11 +66,14 @@ class AdaptiveConfig:
     # For drafters checked for free every round, evidence is plentiful: the past halves in about 14 rounds,
     # so that what a stream taught (a summary quoting its article) does not carry into the next request.
     free_check_discount: float = 0.95
+    # A draft is verified only where its expected tokens per second beat a plain step's by this factor:
+    # acceptance estimates are noisy, and a draft that pays only on paper costs a verification.
+    margin: float = 1.1
     exploration: float = 0.2  # scales the optimism bonus sqrt(log(rounds) / trials)
 
     def __post_init__(self) -> None:
         if not (0 <= self.prior_acceptance < 1 and self.prior_weight > 0 and 0 < self.discount <= 1
-                and 0 < self.free_check_discount <= 1):
+                and 0 < self.free_check_discount <= 1 and self.margin >= 1):
             raise EvospecError(f"invalid adaptive draft-length settings: {self}")
 
 
@@ -125,7 +128,8 @@ class AdaptiveDraftLength:
             expected = (1 - alpha ** (m + 1)) / (1 - alpha)  # 1 + alpha + ... + alpha^m (alpha < 1)
             return expected / (self.cost.of(m + 1) + m * seconds_per_draft_token)
 
-        return max(lengths, key=rate)
+        best = max(lengths, key=rate)
+        return best if rate(best) >= self.config.margin * rate(0) else 0
 
     def budget(self, drafter: str, k: int, model_free: bool) -> int:
         if model_free:  # a whole draft costs nothing: keep() decides, and what it leaves out is checked for free

@@ -158,6 +158,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"target {results['target']} on {results.get('backend', 'hf')}, {results['dtype']}, temperature {results['temperature']}, "
         f"{results['prompts']} prompts, max_new_tokens {results['max_new_tokens']}, "
         f"{results['threads']} threads, load {results['load_average']}; plain = {results['plain_method']}",
+        *_machine_lines(results),
         "",
         "| method | tokens/s | speedup vs plain | decode speedup | tau | acceptance | new tokens | wall s | prefill s "
         "| loop µs/round |",
@@ -182,33 +183,80 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _machine_lines(results: dict[str, Any]) -> list[str]:
+    """The CPU, the target's T(n) and the ceiling it allows, where the run recorded them."""
+    if "forward_cost_ms" not in results:
+        return []
+    cost = ", ".join(f"{n}: {ms:g}" for n, ms in results["forward_cost_ms"].items())
+    ceiling = results["ceiling"]
+    return ["", f"CPU {results['cpu']['model']} ({', '.join(results['cpu']['flags'])}); T(n) in ms, n: {cost}; "
+                f"ceiling {ceiling['speedup']:.2f}x (every drafted token accepted, {ceiling['forward_tokens']}-token forwards)"]
+
+
 def plot_speedups(results: dict[str, Any], path: Path) -> None:
-    """Grouped bars: speedup vs plain per category (and over all prompts) for each method."""
+    """Grouped bars per category (and over all prompts) for each method: speedup vs plain over the
+    whole wall time (left) and with the prefill left out (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     methods = results["methods"]
-    categories = [*next(iter(methods.values()))["per_category"], "all"]
+    first = next(iter(methods.values()))
+    categories = [*first["per_category"], "all"]
+    shown = [(field, title) for field, title in (("speedup_vs_plain", "tokens/s"), ("decode_speedup_vs_plain", "decode tokens/s"))
+             if field in first]
     width = 0.8 / len(methods)
-    figure, axes = plt.subplots(figsize=(max(8, 1.4 * len(categories)), 5.5))
-    for index, (name, m) in enumerate(methods.items()):
-        values = [m["per_category"][c]["speedup_vs_plain"] for c in categories[:-1]] + [m["speedup_vs_plain"]]
-        axes.bar([c + index * width for c in range(len(categories))], values, width, label=name)
-    axes.axhline(1.0, color="grey", linewidth=0.8)
-    axes.set_xticks([c + 0.4 - width / 2 for c in range(len(categories))], categories, rotation=20)
-    axes.set_ylabel(f"tokens/s vs {results['plain_method']}")
-    axes.set_title(f"{results['target']} ({results['dtype']}, greedy)")
-    axes.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
+    figure, panels = plt.subplots(1, len(shown), figsize=(len(shown) * max(7, 1.2 * len(categories)), 5.5),
+                                  sharey=True, squeeze=False)
+    panels = panels[0]
+    for axes, (field, title) in zip(panels, shown):
+        for index, (name, m) in enumerate(methods.items()):
+            values = [m["per_category"][c][field] for c in categories[:-1]] + [m[field]]
+            axes.bar([c + index * width for c in range(len(categories))], values, width, label=name)
+        axes.axhline(1.0, color="grey", linewidth=0.8)
+        axes.set_xticks([c + 0.4 - width / 2 for c in range(len(categories))], categories, rotation=20)
+        axes.set_ylabel(f"{title} vs {results['plain_method']}")
+        axes.set_title(f"{results['target']} ({results['dtype']}, greedy): {title}")
+    panels[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=4)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def plot_forward_cost(results: dict[str, Any], path: Path) -> None:
+    """The target's measured T(n) on this machine: seconds per forward and per token, and the ceiling."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [int(n) for n in results["forward_cost_ms"]]
+    milliseconds = list(results["forward_cost_ms"].values())
+    cpu = results["cpu"]
+    figure, (total, per_token) = plt.subplots(1, 2, figsize=(12, 4.5))
+    total.plot(sizes, milliseconds, marker="o")
+    total.set_xlabel("tokens in one forward (n)")
+    total.set_ylabel("T(n), ms")
+    per_token.plot(sizes, [ms / n / milliseconds[0] for n, ms in zip(sizes, milliseconds)], marker="o")
+    per_token.set_xlabel("tokens in one forward (n)")
+    per_token.set_ylabel("T(n) / n, in one-token steps")
+    per_token.set_ylim(bottom=0)
+    for axes in (total, per_token):
+        axes.grid(alpha=0.3)
+    flags = "AVX512-BF16" if cpu["avx512_bf16"] else "AVX2" if cpu["avx2"] else "no AVX2"
+    figure.suptitle(f"{results['target']} on {results['backend']}, {cpu['model']} ({flags}), {cpu['threads']} threads: "
+                    f"ceiling {results['ceiling']['speedup']:.2f}x at n = {results['ceiling']['forward_tokens']}")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
 
 
 def write_report(results: dict[str, Any], out_dir: Path) -> None:
-    """results.json, results.md and speedup.png in out_dir."""
+    """results.json, results.md, speedup.png and, where the run measured T(n), forward_cost.png in out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out_dir / "results.md").write_text(markdown(results))
     plot_speedups(results, out_dir / "speedup.png")
+    if "forward_cost_ms" in results:
+        plot_forward_cost(results, out_dir / "forward_cost.png")
