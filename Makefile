@@ -23,7 +23,10 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/evospec demo
 
+# Lint and formatting first (seconds), then the suite.
 test: install
+	$(BIN)/ruff check evospec tests benchmarks
+	$(BIN)/ruff format --check evospec tests benchmarks
 	$(BIN)/python -m pytest -q
 
 clean:

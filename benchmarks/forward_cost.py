@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 
 from evospec.cost import COST_CONTEXT_TOKENS, measure_forward_cost
-from evospec.models.llamacpp import default_threads
-from evospec.models.loading import load_model, vocab_size
+from evospec.config import LoadConfig
+from evospec.machine import default_threads
+from evospec.models.loading import load_model
 
 
 def main() -> None:
@@ -33,8 +34,8 @@ def main() -> None:
     }
     for variant in args.variants.split(","):
         backend, _, dtype = variant.partition(":")
-        model = load_model(args.target, dtype or None, backend)
-        cost = measure_forward_cost(model.new_lm(), args.max_tokens, vocab_size(model))
+        model = load_model(args.target, backend, LoadConfig(dtype=dtype or None))
+        cost = measure_forward_cost(model.new_lm(), args.max_tokens, model.vocab_size)
         results["variants"][variant] = {
             "ms": [round(1e3 * s, 1) for s in cost.seconds], "ratio": [round(r, 2) for r in cost.ratios()],
         }

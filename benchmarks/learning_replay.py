@@ -34,7 +34,8 @@ from evospec.drafters.registry import new_white_box_drafter
 from evospec.drafters.whitebox import checkpoint_kind
 from evospec.errors import EvospecError
 from evospec.learning import LEARNERS, NO_LEARNER, LearnerConfig, build_learner
-from evospec.learning.distill import Sample, collect
+from evospec.distill import Sample, collect
+from evospec.config import LoadConfig
 from evospec.models.loading import load_model
 from evospec.types import RoundFeedback
 
@@ -78,7 +79,7 @@ def main() -> None:
         if kind:
             drafter = new_white_box_drafter(kind, target, args.white_box)
         else:  # a fresh copy each time: the adapters go into the model's own modules
-            small_lm = load_model(args.small_lm, "fp32", "hf")
+            small_lm = load_model(args.small_lm, "hf", LoadConfig(dtype="fp32"))
             drafter = AdaptedLMDrafter(small_lm.model, f"lora:{small_lm.name}", adapters)
         learner = build_learner(name, drafter, config)
         hits = replay(drafter, learner, samples, desc=setting)

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from evospec.cost import COST_CONTEXT_TOKENS, COST_REPEATS
-from evospec.models.llamacpp import LlamaCppConfig, LlamaCppModel, default_threads
+from evospec.machine import default_threads
+from evospec.models.llamacpp import LlamaCppConfig, LlamaCppModel
 from evospec.models.loading import load_model
 
 EXACTNESS_CONTEXTS = (40, 300, 1100)  # tokens cached before the compared rows

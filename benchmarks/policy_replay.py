@@ -26,24 +26,23 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from tqdm import tqdm
 
-import evospec.engine
 from evospec.bench.methods import ADAPTIVE
 from evospec.bench.report import plot_speedups
 from evospec.bench.runner import WARMUP_TOKENS
 from evospec.bench.workloads import spec_bench
 from evospec.config import DistillConfig, GenerationConfig
-from evospec.cost import ForwardCost, model_forward_cost
+from evospec.cost import ForwardCost
 from evospec.draft_length import AdaptiveConfig, AdaptiveDraftLength
 from evospec.drafters import Drafter, NgramDrafter, SmallLMDrafter, SuffixDrafter
 from evospec.engine import Engine
 from evospec.errors import EvospecError
-from evospec.learning.distill import collect
-from evospec.models.loading import LoadedModel, context_length, eos_token_ids, load_model, vocab_size
+from evospec.distill import collect
+from evospec.models.backend import LoadedModel
+from evospec.models.loading import load_model
 from evospec.selection import SELECTORS, build_selector
 from evospec.stats import SpecStats
 
@@ -112,7 +111,7 @@ def main() -> None:
     methods = {method: parse_method(method, args.draft_model) for method in args.method}  # before any loading
     torch.set_num_threads(2)
     target = load_model(args.target)
-    cost = model_forward_cost(target, args.k + 1)
+    cost = target.forward_cost(args.k + 1)
     if args.skip + args.per_category > args.collect_per_category:
         raise SystemExit("--skip + --per-category must not exceed --collect-per-category")
     prompts = spec_bench(args.collect_per_category)
@@ -125,9 +124,8 @@ def main() -> None:
     uses_small_lm = any(name.startswith("select:") or args.draft_model in name for name, _ in methods.values())
     small_lm = load_model(args.draft_model) if uses_small_lm else None
     clock = ReplayClock()
-    evospec.engine.time = SimpleNamespace(perf_counter=clock.perf_counter)  # the engine's clock, for this process
     answers = {tuple(sample.tokens[: sample.prompt_length].tolist()): sample.tokens.tolist() for _, sample in stream}
-    replay_target = ReplayTarget(answers, vocab_size(target), cost, clock)
+    replay_target = ReplayTarget(answers, target.vocab_size, cost, clock)
     engines = {method: new_engine(target, replay_target, small_lm, cost, *methods[method]) for method in methods}
     first_prompt = stream[0][1].tokens[: stream[0][1].prompt_length].tolist()
     for engine in engines.values():  # as evospec bench does: the policies keep what this taught them
@@ -210,8 +208,8 @@ def new_engine(target: LoadedModel, replay_target: ReplayTarget, small_lm: Loade
     else:
         drafters = [drafter(small_lm.name), NgramDrafter(), SuffixDrafter()]
         selector = build_selector(base.removeprefix("select:"), [d.name for d in drafters])
-    return Engine(replay_target, drafters, eos_token_ids(target), context_length(target), draft_length, selector,
-                  forward_cost=cost)
+    return Engine(replay_target, drafters, target.eos_token_ids, target.context_length, draft_length, selector,
+                  forward_cost=cost, clock=replay_target.clock.perf_counter)
 
 
 def summarize(runs: dict[str, list[tuple[str, SpecStats]]]) -> dict[str, dict]:

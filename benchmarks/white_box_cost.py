@@ -20,7 +20,7 @@ import torch
 from evospec.config import SamplingConfig
 from evospec.drafters.registry import WHITE_BOX_KINDS, new_white_box_drafter
 from evospec.drafters.whitebox import WhiteBoxConfig
-from evospec.models.loading import hidden_size, load_model
+from evospec.models.loading import load_model
 from evospec.sampling import Sampler
 from evospec.types import RoundFeedback
 
@@ -62,10 +62,10 @@ def main() -> None:
                "threads": torch.get_num_threads(), "drafters": []}
     for kind in WHITE_BOX_KINDS:
         for head_vocab in args.head_vocab or [WhiteBoxConfig(kind, 0).head_vocab]:
-            drafter = new_white_box_drafter(kind, target, config=WhiteBoxConfig(kind, hidden_size(target), head_vocab=head_vocab))
+            drafter = new_white_box_drafter(kind, target, config=WhiteBoxConfig(kind, target.hidden_size, head_vocab=head_vocab))
             feedback = RoundFeedback(
                 request=1, position=0, drafter=None, tokens=torch.tensor(context[:-1]), drafted=torch.empty(0, dtype=torch.long),
-                num_accepted=0, hidden=torch.randn(CONTEXT - 1, hidden_size(target)),
+                num_accepted=0, hidden=torch.randn(CONTEXT - 1, target.hidden_size),
                 top_ids=torch.zeros(CONTEXT - 1, 1, dtype=torch.long), top_probs=torch.zeros(CONTEXT - 1, 1),
             )
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evospec.bench import SUITES
-from evospec.config import BACKENDS, DEFAULT_DTYPE, DTYPES, GenerationConfig, SamplingConfig
+from evospec.config import BACKENDS, DEFAULT_DTYPE, DTYPES, GenerationConfig, LoadConfig, SamplingConfig
 from evospec.errors import EvospecError
 from evospec.learning.learners import LEARNERS, NO_LEARNER, SCHEDULES, LearnerConfig
 from evospec.serve.config import ServerConfig
@@ -47,11 +47,9 @@ def _add_backend_options(parser: argparse.ArgumentParser) -> None:
                              "the output is plain decoding's bit for bit where the kernels allow (slower)")
 
 
-def _llamacpp_config(args: argparse.Namespace):
-    """The llama.cpp settings the options name (LlamaCppConfig)."""
-    from evospec.models.llamacpp import LlamaCppConfig
-
-    return LlamaCppConfig(exact_verify=args.exact_verify)
+def _load_config(args: argparse.Namespace) -> LoadConfig:
+    """How the options say models load and run."""
+    return LoadConfig(dtype=args.dtype, exact_verify=args.exact_verify)
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -107,15 +105,15 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
     learner_config = _learner_config(args)
 
     def load() -> TextGenerator:
-        from evospec.draft_length import timing
         from evospec.drafters.registry import build_drafter
-        from evospec.generation import TextGenerator, build_engine
+        from evospec.generation import TextGenerator, build_engine, timing
         from evospec.learning import build_learner
         from evospec.models.loading import load_model
         from evospec.selection import DEFAULT_SELECTOR, build_selector
 
-        target = load_model(args.target, args.dtype, args.backend, _llamacpp_config(args))
-        drafters = [drafter for spec in specs if (drafter := build_drafter(spec, target, args.dtype))]
+        load = _load_config(args)
+        target = load_model(args.target, args.backend, load)
+        drafters = [drafter for spec in specs if (drafter := build_drafter(spec, target, load))]
         names = [drafter.name for drafter in drafters]
         selector = build_selector(args.selector or DEFAULT_SELECTOR, names) if len(drafters) > 1 else None
         cost, draft_length = timing(target, config.num_speculative_tokens, args.adaptive_k, selector)
@@ -215,7 +213,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from evospec.bench.demo import run_demo
 
     config = GenerationConfig(num_speculative_tokens=args.k)  # each task sets its own number of new tokens
-    run_demo(args.target, config, args.dtype, args.backend, _llamacpp_config(args))
+    run_demo(args.target, config, args.backend, _load_config(args))
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -228,21 +226,20 @@ def cmd_bench(args: argparse.Namespace) -> None:
         suite=args.suite,
         stream=args.stream,
         per_category=args.per_category,
-        dtype=args.dtype,
         backend=args.backend,
         generation=_generation_config(args),
         out_dir=Path(args.out),
         command="evospec " + shlex.join(sys.argv[1:]),
         white_box=Path(args.white_box).expanduser() if args.white_box else None,
         learning=LearnerConfig(lr=args.lr, every=args.learn_every, prompt_rows=args.learn_prompt_rows),
-        llamacpp=_llamacpp_config(args),
+        load=_load_config(args),
     )
     run_bench(settings)
 
 
 def cmd_train_drafter(args: argparse.Namespace) -> None:
     from evospec.config import DistillConfig
-    from evospec.learning.distill import check_run, distill
+    from evospec.distill import check_run, distill
     from evospec.models.loading import load_model
 
     config = DistillConfig(
@@ -252,7 +249,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> None:
     )
     out = Path(args.out).expanduser()
     check_run(args.kind, out, config)  # the corpus and the output directory, before loading the target
-    target = load_model(args.target, args.dtype, args.backend)
+    target = load_model(args.target, args.backend, LoadConfig(dtype=args.dtype))
     print(distill(target, args.kind, out, config).describe())
 
 

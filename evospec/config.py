@@ -1,4 +1,6 @@
-"""Frozen configuration values. Every default lives here, once."""
+"""Frozen settings that several parts share (sampling, generation, loading, n-gram drafting, warm-up
+training); each default is defined once. A part's own settings live beside it (e.g. SuffixConfig,
+AdaptiveConfig, SelectorConfig, LearnerConfig, LlamaCppConfig, ServerConfig)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,20 @@ DTYPES = ("bf16", "fp32", "int8")
 DEFAULT_DTYPE = "bf16"
 # hf: PyTorch through transformers; llamacpp: a GGUF file run by llama.cpp (models/loading.py picks).
 BACKENDS = ("hf", "llamacpp")
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """How a model is loaded and run; each backend takes the settings that apply to it."""
+
+    dtype: str | None = None  # one of DTYPES, for backends that run torch weights; None: DEFAULT_DTYPE
+    # Verify each row as a one-token step computes it (bit-identical to plain decoding where the
+    # kernels allow), for backends whose kernels are not batch-invariant; slower.
+    exact_verify: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise EvospecError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -19,22 +18,14 @@ from pathlib import Path
 import numpy as np
 
 from evospec.errors import EvospecError
-from evospec.files import write_atomically
-from evospec.models.llamacpp import default_threads
-from evospec.models.loading import LoadedModel, vocab_size
-from evospec.models.zoo import evospec_home
+from evospec.files import evospec_home, write_atomically
+from evospec.machine import machine_key
 from evospec.target import LanguageModel
 
 COST_CONTEXT_TOKENS = 128  # tokens already cached when the forwards are timed
 COST_REPEATS = 5  # timings per size; the median is kept
 DENSE_SIZES = 8  # sizes 1..8 are each measured; larger ones on the sparse grid below
 SPARSE_SIZES = (12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-# The processor features that decide which kernels llama.cpp and torch run; /proc/cpuinfo names
-# AVX2-only and AVX512 hosts alike ("AMD EPYC"), so the cache key names these too.
-KERNEL_FLAGS = ("avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-                "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
-
-
 def measured_sizes(max_tokens: int) -> tuple[int, ...]:
     """The forward sizes timed for a curve up to max_tokens: 1..8, then the sparse grid, then max_tokens."""
     if max_tokens < 1:
@@ -119,44 +110,6 @@ def cached_forward_cost(lm: LanguageModel, model_key: str, max_tokens: int, voca
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, json.dumps({"model": model_key, "machine": machine_key(), **asdict(cost)}))
     return cost
-
-
-def model_forward_cost(model: LoadedModel, max_tokens: int) -> ForwardCost:
-    """The forward cost of a loaded target on this machine (cached per model, backend and how it runs)."""
-    # How the weights run: the dtype for hf; for llama.cpp its settings, since they shape each call.
-    runs_as = model.model.config if model.backend == "llamacpp" else model.model.dtype
-    source = model.source.resolve() if isinstance(model.source, Path) else model.source
-    key = f"{model.backend}|{source}|{runs_as}"
-    return cached_forward_cost(model.new_lm(), key, max_tokens, vocab_size(model))
-
-
-def machine_key() -> str:
-    """The processor, its kernel-relevant features and the thread count: what a forward's cost depends on."""
-    return f"{platform.machine()}-{_cpu_info('model name')}-{'+'.join(cpu_kernel_flags())}-{default_threads()}threads"
-
-
-def cpu_kernel_flags() -> list[str]:
-    """Which of KERNEL_FLAGS this processor has (from /proc/cpuinfo; empty where it cannot be read)."""
-    flags = set((_cpu_info("flags") or _cpu_info("Features")).split())
-    return [flag for flag in KERNEL_FLAGS if flag in flags]
-
-
-def cpu_description() -> dict[str, object]:
-    """What a benchmark records of the machine: the processor's name and its SIMD features."""
-    flags = cpu_kernel_flags()
-    return {"model": _cpu_info("model name") or platform.processor() or "unknown", "flags": flags,
-            "avx2": "avx2" in flags, "avx512_bf16": "avx512_bf16" in flags, "threads": default_threads()}
-
-
-def _cpu_info(field: str) -> str:
-    """The first value of a field of /proc/cpuinfo ('' where there is none)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.split(":", 1)[0].strip() == field:
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def _cache_path(model_key: str) -> Path:

@@ -23,10 +23,8 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from evospec.cost import ForwardCost, model_forward_cost
+from evospec.cost import ForwardCost
 from evospec.errors import EvospecError
-from evospec.models.loading import LoadedModel
-from evospec.selection import Selector
 from evospec.types import Attempt, Draft, Verdict
 
 
@@ -179,11 +177,3 @@ def _positions_judged(attempt: Attempt, verdict: Verdict) -> tuple[int, int]:
     if accepted < proposed.size and proposed.probs is None:
         return accepted + 1, accepted + int(int(proposed.tokens[accepted]) == verdict.emitted[accepted])
     return accepted, accepted
-
-
-def timing(target: LoadedModel, max_k: int, adaptive: bool, selector: Selector | None) -> tuple[ForwardCost | None, AdaptiveDraftLength | None]:
-    """The target's forward cost on this machine (measured once, cached) where a policy weighs time, the
-    adaptive draft length or a selector rewarding speed, and the adaptive policy when asked for."""
-    timed = adaptive or (selector is not None and selector.reward_kind == "speed")
-    cost = model_forward_cost(target, max_k + 1) if timed else None
-    return cost, AdaptiveDraftLength(cost) if adaptive else None

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -24,6 +25,16 @@ from evospec.verify import verify
 FEEDBACK_TOP_K = 16  # the target's most likely next tokens kept per verified position for learners
 
 
+@dataclass(frozen=True)
+class TargetPass:
+    """What one target forward returned, handed from the pass to the steps of the round that read it."""
+
+    logits: torch.Tensor  # [n, V] at every position of the pass (the last one only at the prefill)
+    hidden: torch.Tensor | None  # [n, H] final hidden states, when a listener reads them
+    prompt: PromptPass | None  # the prefill's view of the prompt's last rows, when learners learn from them
+    seconds: float
+
+
 def reads_hidden_states(drafters: Sequence[Drafter], learners: Sequence[OnlineLearner]) -> bool:
     """Whether a drafter or a learner reads the target's hidden states: then every pass must return them."""
     return any(listener.needs_hidden_states for listener in (*drafters, *learners))
@@ -32,7 +43,8 @@ def reads_hidden_states(drafters: Sequence[Drafter], learners: Sequence[OnlineLe
 class Engine:
     """A target, drafters with a selector that picks one per round, and the loop that makes them speak
     as the target alone would. No drafter: plain decoding. White-box drafters and learners hear what
-    each target pass said (RoundFeedback); nothing they do changes what is emitted."""
+    each target pass said (RoundFeedback); nothing they do changes what is emitted. clock: the seconds
+    every timing reads (a replay passes one that adds the modeled seconds of a recorded target)."""
 
     def __init__(
         self,
@@ -44,8 +56,10 @@ class Engine:
         selector: Selector | None = None,
         learners: Sequence[OnlineLearner] = (),
         forward_cost: ForwardCost | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.target = target
+        self.clock = clock
         self.drafters = {drafter.name: drafter for drafter in drafters}
         if len(self.drafters) != len(drafters):
             raise EvospecError(f"drafter names must differ, got {[drafter.name for drafter in drafters]}")
@@ -65,9 +79,6 @@ class Engine:
         self._reads_hidden = reads_hidden_states(drafters, self.learners)
         self._prompt_rows = max((learner.prompt_rows for learner in self.learners), default=0)
         self.requests = 0
-        self._hidden: torch.Tensor | None = None  # the last pass's hidden states [n, H], when listeners want them
-        self._prompt: PromptPass | None = None  # the prefill's view of the prompt's last tokens, when learners learn from them
-        self._pass_s = 0.0  # seconds of the last target pass
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig, stats: SpecStats,
                  prediction: Sequence[int] = ()) -> Iterator[int]:
@@ -80,7 +91,7 @@ class Engine:
         """
         self._check_prompt(prompt_ids)
         self.requests += 1
-        start = time.perf_counter()
+        start = self.clock()
         sampler = Sampler(config.sampling)
         context = list(prompt_ids)
         self.target.reset()
@@ -88,19 +99,19 @@ class Engine:
         if awake:  # the drafters with something to draft from in this request; without any, plain decoding
             self.selector.begin_request(awake)
         try:
-            logits, attempt = self._forward(context, stats, prefill=True), None  # [1, V]; the prefill drafts nothing
+            passed, attempt = self._forward(context, stats, prefill=True), None  # the prefill drafts nothing
             stats.prompt_tokens += len(prompt_ids)
-            stats.prefill_s += time.perf_counter() - start
+            stats.prefill_s += self.clock() - start
             budget = config.max_new_tokens
             while True:
                 # 1. Accept a prefix of the draft, plus one token of the target's own; tell who drafted.
                 draft = attempt.draft if attempt else empty_draft()
-                verdict = verify(logits, draft, sampler)
+                verdict = verify(passed.logits, draft, sampler)
                 stats.record(draft, verdict)
                 if attempt:
-                    self._feed_back(attempt, verdict, logits, sampler, stats)
+                    self._feed_back(attempt, verdict, passed, sampler, stats)
                 if self.listeners:
-                    self._tell_listeners(attempt, verdict, context, logits, stats, prefill=len(context) == len(prompt_ids))
+                    self._tell_listeners(attempt, verdict, context, passed, stats, prefill=len(context) == len(prompt_ids))
                 # 2. The cache keeps the pending token and the accepted drafts; the new last token is pending.
                 self.target.trim(len(context) + verdict.num_accepted)
                 for token in verdict.emitted[:budget]:
@@ -116,30 +127,31 @@ class Engine:
                 room = min(budget - 1, self.context_length - len(context))
                 attempt = self._draft(context, room, config, sampler) if awake else None
                 # 4. One target pass over the pending token and the draft: p at every position.
-                logits = self._forward([context[-1], *(attempt.draft.tokens.tolist() if attempt else [])], stats)
+                passed = self._forward([context[-1], *(attempt.draft.tokens.tolist() if attempt else [])], stats)
         finally:
             self.target.trim(len(context) - 1)  # an early stop leaves a cache that matches the context
-            learn_start = time.perf_counter()
+            learn_start = self.clock()
             for learner in self.learners:
                 learner.end_request()
-            stats.learn_s += time.perf_counter() - learn_start
-            stats.wall_s += time.perf_counter() - start
+            stats.learn_s += self.clock() - learn_start
+            stats.wall_s += self.clock() - start
 
-    def _forward(self, token_ids: list[int], stats: SpecStats, prefill: bool = False) -> torch.Tensor:
-        """The target's pass over token_ids -> logits [n, V] (the last row only at the prefill). With
-        listeners that read them, hidden states come too and wait in self._hidden for _tell_listeners."""
-        start = time.perf_counter()
+    def _forward(self, token_ids: list[int], stats: SpecStats, prefill: bool = False) -> TargetPass:
+        """The target's pass over token_ids: logits (the last row only at the prefill), with hidden
+        states where listeners read them, and at the prefill the prompt's rows where learners learn them."""
+        start = self.clock()
+        hidden = prompt = None
         if prefill and self._prompt_rows:
-            self._prompt = self.target.forward_prompt(token_ids, FEEDBACK_TOP_K, self._prompt_rows)
-            logits, self._hidden = self._prompt.logits, self._prompt.hidden
+            prompt = self.target.forward_prompt(token_ids, FEEDBACK_TOP_K, self._prompt_rows)
+            logits, hidden = prompt.logits, prompt.hidden
         elif self._reads_hidden:
-            logits, self._hidden = self.target.forward_with_hidden(token_ids, num_logits=1 if prefill else 0)
+            logits, hidden = self.target.forward_with_hidden(token_ids, num_logits=1 if prefill else 0)
         else:
             logits = self.target.forward(token_ids, num_logits=1 if prefill else 0)
-        self._pass_s = time.perf_counter() - start
+        passed = TargetPass(logits, hidden, prompt, self.clock() - start)
         if not prefill:
-            stats.target_s += self._pass_s
-        return logits
+            stats.target_s += passed.seconds
+        return passed
 
     def _draft(self, context: list[int], room: int, config: GenerationConfig, sampler: Sampler) -> Attempt | None:
         """This round's attempt: the selected drafter's draft of at most `room` tokens."""
@@ -148,37 +160,36 @@ class Engine:
         asked = self.draft_length.budget(name, min(config.num_speculative_tokens, room), drafter.model_free)
         if asked <= 0:
             return Attempt(name, empty_draft(), empty_draft(), asked=0, draft_s=0.0)
-        start = time.perf_counter()
+        start = self.clock()
         proposed = drafter.propose(context, asked, sampler)
-        seconds = time.perf_counter() - start
+        seconds = self.clock() - start
         return Attempt(name, proposed.truncated(self.draft_length.keep(name, proposed)), proposed, asked, seconds)
 
-    def _feed_back(self, attempt: Attempt, verdict: Verdict, logits: torch.Tensor, sampler: Sampler, stats: SpecStats) -> None:
+    def _feed_back(self, attempt: Attempt, verdict: Verdict, passed: TargetPass, sampler: Sampler, stats: SpecStats) -> None:
         """The round's outcome to the selector (its reward), the draft-length policy and the per-drafter stats."""
-        seconds = RoundTime(attempt.draft_s, self._pass_s, self.step_s)
-        reward = REWARDS[self.selector.reward_kind](logits, attempt.draft, verdict, sampler, attempt.asked, seconds)
+        seconds = RoundTime(attempt.draft_s, passed.seconds, self.step_s)
+        reward = REWARDS[self.selector.reward_kind](passed.logits, attempt.draft, verdict, sampler, attempt.asked, seconds)
         self.selector.update(attempt.drafter, reward)
         self.draft_length.observe(attempt, verdict)
         stats.record_drafter(attempt, verdict, reward)
 
     def _tell_listeners(self, attempt: Attempt | None, verdict: Verdict, context: list[int],
-                        logits: torch.Tensor, stats: SpecStats, prefill: bool) -> None:
+                        passed: TargetPass, stats: SpecStats, prefill: bool) -> None:
         """What the pass said about the tokens it verified, to white-box drafters and learners.
 
         Called before the round's tokens join the context: at the prefill the verified tokens are the
         prompt (with p at its last token, or at its last rows when learners learn from the prompt);
         after, the pending token and the accepted drafts.
         """
-        start = time.perf_counter()
+        start = self.clock()
         drafted = attempt.draft.tokens if attempt else torch.empty(0, dtype=torch.long)
         first = 0 if prefill else len(context) - 1
-        if prefill and self._prompt is not None:  # the prompt's last rows, as many as learners learn from
-            hidden, top_ids, top_probs = self._prompt.hidden, self._prompt.top_ids, self._prompt.top_probs
-            self._prompt = None
+        if passed.prompt is not None:  # the prefill: the prompt's last rows, as many as learners learn from
+            hidden, top_ids, top_probs = passed.prompt.hidden, passed.prompt.top_ids, passed.prompt.top_probs
         else:
             rows = verdict.num_accepted + 1
-            hidden = self._hidden[:rows] if self._reads_hidden else None
-            top_ids, top_probs = top_next_tokens(logits[:rows], FEEDBACK_TOP_K)
+            hidden = passed.hidden[:rows] if passed.hidden is not None else None
+            top_ids, top_probs = top_next_tokens(passed.logits[:rows], FEEDBACK_TOP_K)
         feedback = RoundFeedback(
             request=self.requests, drafter=attempt.drafter if attempt and drafted.numel() else None,
             position=first, tokens=torch.tensor(context[first:] + drafted[: verdict.num_accepted].tolist()),
@@ -186,7 +197,7 @@ class Engine:
         )
         for listener in self.listeners:
             listener.observe(feedback)
-        stats.learn_s += time.perf_counter() - start
+        stats.learn_s += self.clock() - start
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:

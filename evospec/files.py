@@ -1,4 +1,4 @@
-"""Writing files so that a reader, or a crash mid-write, never sees half of one."""
+"""Where evospec keeps its files, and writing them so that a reader, or a crash mid-write, never sees half of one."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ from pathlib import Path
 
 import safetensors.torch
 import torch
+
+
+def evospec_home() -> Path:
+    """Root of evospec's cache: $EVOSPEC_HOME, else ~/.cache/evospec."""
+    return Path(os.environ.get("EVOSPEC_HOME") or Path.home() / ".cache" / "evospec").expanduser()
 
 
 def write_atomically(path: Path, data: bytes | str, durable: bool = False) -> None:

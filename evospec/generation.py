@@ -1,4 +1,4 @@
-"""Text in, text out: prompts, chat templates, streaming detokenization and stop strings."""
+"""Engines on a loaded target, and text in, text out: prompts, chat templates, streaming detokenization and stop strings."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from evospec.config import GenerationConfig
 from evospec.cost import ForwardCost
-from evospec.draft_length import DraftLength
+from evospec.draft_length import AdaptiveDraftLength, DraftLength
 from evospec.drafters import Drafter
 from evospec.drafters.prediction import PREDICTION
 from evospec.engine import Engine, reads_hidden_states
 from evospec.errors import EvospecError
 from evospec.learning import OnlineLearner
-from evospec.models.loading import LoadedModel, context_length, eos_token_ids
+from evospec.models.backend import LoadedModel
 from evospec.selection import Selector
 from evospec.stats import SpecStats
 
@@ -32,9 +32,17 @@ def build_engine(
     """An engine on a new session of target; the target returns hidden states only when a drafter or
     a learner reads them, since they cost a copy per verified position."""
     return Engine(
-        target.new_lm(hidden_states=reads_hidden_states(drafters, learners)), drafters, eos_token_ids(target), context_length(target),
+        target.new_lm(hidden_states=reads_hidden_states(drafters, learners)), drafters, target.eos_token_ids, target.context_length,
         draft_length, selector, learners, forward_cost,
     )
+
+
+def timing(target: LoadedModel, max_k: int, adaptive: bool, selector: Selector | None) -> tuple[ForwardCost | None, AdaptiveDraftLength | None]:
+    """The target's forward cost on this machine (measured once, cached) where a policy weighs time, the
+    adaptive draft length or a selector rewarding speed, and the adaptive policy when asked for."""
+    timed = adaptive or (selector is not None and selector.reward_kind == "speed")
+    cost = target.forward_cost(max_k + 1) if timed else None
+    return cost, AdaptiveDraftLength(cost) if adaptive else None
 
 
 class TextStream:

@@ -1,4 +1,4 @@
-"""Values passed between the engine, drafters and (later) learners and selectors."""
+"""Values passed between the engine, the drafters, the draft-length policy, the selectors and the learners."""
 
 from __future__ import annotations
 

@@ -48,13 +48,13 @@ def tiny_target() -> LlamaForCausalLM:
 def sharp_target():
     """The tiny random target with a sharpened output layer, behind a word tokenizer: its next-token
     distributions are peaked, as a trained model's are, so there is something for a drafter to learn."""
-    from evospec.models.loading import LoadedModel
+    from evospec.models.loading import BACKENDS
 
     model = tiny_model(seed=0)
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
     tokenizer = word_tokenizer(["<unk>", "<eos>", *(f"w{i}" for i in range(TINY_VOCAB - 2))])
-    return LoadedModel("tiny-sharp", model, tokenizer, "tiny-sharp", backend="hf")
+    return BACKENDS["hf"].wrap("tiny-sharp", model, tokenizer, "tiny-sharp")
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -83,7 +83,7 @@ def random_prompts(count: int, seed: int = 0) -> list[list[int]]:
     return prompts
 
 
-def reference_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:
+def reference_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_token_id: int | list[int] | None = None) -> list[int]:
     """The target's own greedy decoding, by Hugging Face generate (on the model's device)."""
     output = model.generate(
         torch.tensor([prompt_ids], device=model.device),
@@ -110,3 +110,22 @@ def foreign_tokenizer_model(tmp_path_factory) -> str:
     tiny_model(seed=5).save_pretrained(directory)
     word_tokenizer(["<unk>", "<eos>", *(f"w{i}" for i in range(TINY_VOCAB - 2))]).save_pretrained(directory)
     return str(directory)
+
+
+SAVED_WORDS = ["<eos>", "<unk>", "def", "return", "x", "(", ")", ":"]
+
+
+@pytest.fixture
+def saved_model(tmp_path: Path) -> Path:
+    """A saved 2-layer random Llama with a word-level tokenizer; generation config eos = [0, 7]."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(SAVED_WORDS), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, eos_token_id=0,
+    )
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = [0, 7]
+    directory = tmp_path / "tiny"
+    model.save_pretrained(directory)
+    word_tokenizer(SAVED_WORDS).save_pretrained(directory)
+    return directory

@@ -9,7 +9,7 @@ import pytest
 
 from evospec.bench.runner import BenchSettings, run_bench
 from evospec.bench.workloads import EDIT_REPLY, EDITS, MT_BENCH, edits, spec_bench
-from evospec.config import GenerationConfig
+from evospec.config import GenerationConfig, LoadConfig
 from evospec.errors import EvospecError
 
 SMOL = "smollm2-135m-instruct"
@@ -27,7 +27,7 @@ def test_spec_bench_has_six_categories_and_takes_mt_bench_round_robin():
 def test_bench_writes_results_in_the_agreed_shape_for_every_category(tmp_path: Path):
     settings = BenchSettings(
         target=SMOL, draft_model=SMOL, methods=("llamacpp-plain", "evospec-plain", "evospec:ngram"), suite="engine",
-        stream="mixed", per_category=1, dtype=None, backend="llamacpp",
+        stream="mixed", per_category=1, backend="llamacpp",
         generation=GenerationConfig(max_new_tokens=8), out_dir=tmp_path, command="evospec bench (test)",
     )
     run_bench(settings)
@@ -51,7 +51,7 @@ def test_bench_writes_results_in_the_agreed_shape_for_every_category(tmp_path: P
 def test_the_engine_suite_has_each_backends_baselines(tmp_path: Path, backend, dtype, baselines):
     settings = BenchSettings(
         target=SMOL, draft_model=SMOL, methods=None, suite="engine", stream="category:qa", per_category=1,
-        dtype=dtype, backend=backend, generation=GenerationConfig(max_new_tokens=8), out_dir=tmp_path,
+        backend=backend, load=LoadConfig(dtype=dtype), generation=GenerationConfig(max_new_tokens=8), out_dir=tmp_path,
         command="evospec bench (test)",
     )
     run_bench(settings)
@@ -74,7 +74,7 @@ def test_demo_shows_each_task_against_plain_decoding_and_the_ceiling(capsys, mon
     assert status == 0
     for task in ("edit with a prediction", "summary of an article", "chat"):
         assert task in out
-    assert out.count("plain decoding") == 3 and out.count("evospec (ngram, suffix, prediction)") == 3
+    assert out.count("plain decoding") >= 3 and out.count("evospec (ngram, suffix, prediction)") == 3
     assert "1.00x" in out and "no drafter can decode faster than" in out
 
 
@@ -82,14 +82,14 @@ def test_demo_shows_each_task_against_plain_decoding_and_the_ceiling(capsys, mon
 def test_the_edit_suite_drafts_the_prediction_beside_spec_bench_prompts(tmp_path: Path):
     settings = BenchSettings(
         target=SMOL, draft_model=SMOL, methods=None, suite="edit", stream="edit+summarization", per_category=1,
-        dtype=None, backend="llamacpp", generation=GenerationConfig(max_new_tokens=48, num_speculative_tokens=32),
+        backend="llamacpp", generation=GenerationConfig(max_new_tokens=48, num_speculative_tokens=32),
         out_dir=tmp_path, command="evospec bench --suite edit (test)",
     )
     run_bench(settings)
     results = json.loads((tmp_path / "results.json").read_text())
     methods = results["methods"]
     assert list(methods) == ["llamacpp-plain", "llamacpp-lookup", "evospec-plain", "evospec:ngram/k=auto",
-                             "evospec:suffix/k=auto", "evospec:prediction/k=auto", "select:ucb-bd/k=auto"]
+                             "evospec:suffix/k=auto", "evospec:prediction/k=auto", "select:ucb-bd/k=auto", "oracle"]
     assert list(methods["evospec-plain"]["per_category"]) == [*EDITS, "summarization"]
     assert set(methods["select:ucb-bd/k=auto"]["drafters"]) == {"ngram", "suffix", "prediction"}  # no small LM
     edit_rounds = methods["evospec:prediction/k=auto"]["drafters"]["prediction"]
@@ -101,7 +101,7 @@ def test_the_edit_suite_drafts_the_prediction_beside_spec_bench_prompts(tmp_path
 @pytest.mark.slow
 def test_the_selection_suite_adds_the_oracle_and_plots_regret_and_arm_shares(tmp_path: Path):
     settings = BenchSettings(
-        target=SMOL, draft_model=SMOL, methods=None, suite="selection", stream="category:qa", per_category=2, dtype=None,
+        target=SMOL, draft_model=SMOL, methods=None, suite="selection", stream="category:qa", per_category=2,
         backend="llamacpp", generation=GenerationConfig(max_new_tokens=8, num_speculative_tokens=3), out_dir=tmp_path,
         command="evospec bench --suite selection (test)",
     )

@@ -3,11 +3,9 @@ line, and the policy replay emits what the target said while charging each pass 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 
-import evospec.engine
 from conftest import TINY_VOCAB, load_script, random_prompts, reference_greedy
 from evospec.config import GenerationConfig
 from evospec.cost import ForwardCost
@@ -16,7 +14,7 @@ from evospec.drafters import SmallLMDrafter
 from evospec.engine import Engine
 from evospec.learning import LearnerConfig
 from evospec.stats import SpecStats
-from evospec.target import CachedLM
+from evospec.models.hf import CachedLM
 
 
 def test_a_replay_setting_names_a_learner_and_its_config():
@@ -84,16 +82,15 @@ def test_a_bad_policy_replay_method_exits_with_one_line(method, message):
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_the_replayed_target_emits_its_answers_and_charges_each_pass_its_cost(tiny_target, tiny_drafter, monkeypatch, adaptive):
+def test_the_replayed_target_emits_its_answers_and_charges_each_pass_its_cost(tiny_target, tiny_drafter, adaptive):
     replay = load_script("policy_replay")
     prompts = random_prompts(4, seed=11)
     answers = {tuple(prompt): prompt + reference_greedy(tiny_target, prompt, 24) for prompt in prompts}
     cost = ForwardCost((0.1, 0.11, 0.12, 0.13))  # cheap verification: the adaptive length drafts too
     clock = replay.ReplayClock()
-    monkeypatch.setattr(evospec.engine, "time", SimpleNamespace(perf_counter=clock.perf_counter))
     drafters = [SmallLMDrafter(CachedLM(tiny_drafter), "small")]
     engine = Engine(replay.ReplayTarget(answers, TINY_VOCAB, cost, clock), drafters, frozenset(), 256,
-                    AdaptiveDraftLength(cost) if adaptive else None, forward_cost=cost)
+                    AdaptiveDraftLength(cost) if adaptive else None, forward_cost=cost, clock=clock.perf_counter)
     total = SpecStats()
     for prompt in prompts:
         stats = SpecStats()

@@ -18,16 +18,17 @@ from evospec.drafters.registry import new_white_box_drafter
 from evospec.drafters.whitebox import WhiteBoxConfig
 from evospec.engine import Engine
 from evospec.learning import LearnerConfig, build_learner
-from evospec.models.loading import LoadedModel, default_device
+from evospec.models.hf import default_device
+from evospec.models.loading import BACKENDS
 from evospec.stats import SpecStats
-from evospec.target import CachedLM
+from evospec.models.hf import CachedLM
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.fixture(scope="module")
 def gpu_target(sharp_target) -> LoadedModel:
-    return LoadedModel("tiny-sharp-cuda", copy.deepcopy(sharp_target.model).cuda(), sharp_target.tokenizer, "tiny-sharp", "hf")
+    return BACKENDS["hf"].wrap("tiny-sharp-cuda", copy.deepcopy(sharp_target.model).cuda(), sharp_target.tokenizer, "tiny-sharp")
 
 
 def generate_all(engine: Engine, prompts: list[list[int]], k: int) -> list[list[int]]:

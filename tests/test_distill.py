@@ -3,6 +3,7 @@ drafts, a resumed run ends where an uninterrupted one does, bad input is one cle
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import shutil
@@ -17,10 +18,9 @@ from evospec.config import DistillConfig, GenerationConfig
 from evospec.drafters.registry import WHITE_BOX_KINDS, new_white_box_drafter
 from evospec.engine import Engine
 from evospec.errors import EvospecError
-from evospec.learning.distill import collect, distill, read_corpus
-from evospec.models.loading import LoadedModel
+from evospec.distill import collect, distill, read_corpus
 from evospec.stats import SpecStats
-from evospec.target import CachedLM
+from evospec.models.hf import CachedLM
 
 SAMPLES = 40  # a quarter held out
 
@@ -111,7 +111,7 @@ def test_resuming_with_another_kind_target_or_data_is_refused(sharp_target, corp
     out = with_traces(tmp_path / "eagle", traces)
     distill(sharp_target, "eagle", out, settings(corpus, max_steps=1), progress=False)
     before = (out / "model.safetensors").read_bytes()
-    renamed = LoadedModel("another-target", sharp_target.model, sharp_target.tokenizer, "x", backend="hf")
+    renamed = dataclasses.replace(sharp_target, name="another-target", source="x")
     with pytest.raises(EvospecError, match="holds a eagle drafter, not hydra"):
         distill(sharp_target, "hydra", out, settings(corpus, resume=True), progress=False)
     with pytest.raises(EvospecError, match="trained for target 'tiny-sharp', not 'another-target'"):

@@ -8,16 +8,15 @@ import pytest
 import torch
 from conftest import random_prompts, reference_greedy
 
-from evospec import cost
 from evospec.config import GenerationConfig
-from evospec.cost import ForwardCost, cached_forward_cost
+from evospec.cost import ForwardCost
 from evospec.draft_length import AdaptiveDraftLength
 from evospec.drafters import NgramDrafter, SmallLMDrafter
 from evospec.engine import Engine
 from evospec.errors import EvospecError
 from evospec.selection import build_selector
 from evospec.stats import SpecStats
-from evospec.target import CachedLM
+from evospec.models.hf import CachedLM
 from evospec.types import Attempt, Draft, Verdict
 
 # T(n) / T(1) as measured for llama.cpp Q4_K on a 2-core AVX2 machine, and a flat one (bf16 with AVX512).
@@ -127,30 +126,3 @@ def test_adaptive_draft_length_under_a_speed_bandit_is_lossless(tiny_target, tin
         assert list(engine.generate(prompt, config, stats)) == reference_greedy(tiny_target, prompt, 24)
         total.merge(stats)
     assert all(arm.pulls for arm in total.drafters.values())  # both drafters were tried
-
-
-def test_forward_cost_is_measured_once_then_read(tiny_target, tmp_path: Path, monkeypatch):
-    monkeypatch.setenv("EVOSPEC_HOME", str(tmp_path))
-    measured = []
-    real_measure = cost.measure_forward_cost
-
-    def counting_measure(*args):
-        measured.append(1)
-        return real_measure(*args)
-
-    monkeypatch.setattr(cost, "measure_forward_cost", counting_measure)
-    lm = CachedLM(tiny_target)
-    first = cached_forward_cost(lm, "tiny", max_tokens=3, vocab_size=96)
-    second = cached_forward_cost(lm, "tiny", max_tokens=3, vocab_size=96)
-    assert first == second and first.max_tokens == 3 and measured == [1]
-    assert lm.length == 0  # the measurement leaves the cache empty
-
-    (cache_file,) = (tmp_path / "costs").iterdir()
-    cache_file.write_text("{not json")
-    assert cached_forward_cost(lm, "tiny", max_tokens=3, vocab_size=96).max_tokens == 3
-    assert measured == [1, 1]  # a damaged entry is measured again
-
-
-def test_a_forward_cost_needs_positive_timings():
-    with pytest.raises(EvospecError, match="positive"):
-        ForwardCost((0.1, 0.0))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from evospec.files import save_tensors_atomically, write_atomically
+from evospec.files import evospec_home, save_tensors_atomically, write_atomically
 
 
 @pytest.mark.parametrize("durable", [False, True])
@@ -42,3 +43,10 @@ def test_save_tensors_atomically_round_trips_with_metadata(tmp_path):
     assert all(torch.equal(loaded[name], tensor) for name, tensor in tensors.items())
     with safe_open(tmp_path / "model.safetensors", "pt") as file:
         assert file.metadata() == {"key": "value"}
+
+
+def test_evospec_home_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EVOSPEC_HOME", str(tmp_path))
+    assert evospec_home() == tmp_path
+    monkeypatch.delenv("EVOSPEC_HOME")
+    assert evospec_home() == Path.home() / ".cache" / "evospec"

@@ -17,10 +17,10 @@ from evospec.drafters.whitebox import WhiteBoxConfig
 from evospec.engine import Engine
 from evospec.errors import EvospecError
 from evospec.learning import LEARNERS, FeedbackBuffer, LearnerConfig, build_learner
-from evospec.models.loading import LoadedModel
+from evospec.models.backend import LoadedModel
 from evospec.sampling import Sampler
 from evospec.stats import SpecStats
-from evospec.target import CachedLM
+from evospec.models.hf import CachedLM
 from evospec.types import RoundFeedback
 
 HIDDEN = 64  # tiny_model's

@@ -18,8 +18,9 @@ from evospec.config import GenerationConfig
 from evospec.drafters import NgramDrafter, PredictionDrafter, SmallLMDrafter, SuffixDrafter
 from evospec.engine import Engine
 from evospec.generation import TextGenerator, build_engine, encode_prompt
-from evospec.models.llamacpp import LlamaCppConfig
-from evospec.models.loading import LoadedModel, eos_token_ids, load_model
+from evospec.config import LoadConfig
+from evospec.models.backend import LoadedModel
+from evospec.models.loading import load_model
 from evospec.rescore import greedy_gaps
 from evospec.stats import SpecStats
 from evospec.types import Verdict
@@ -49,7 +50,7 @@ def smollm() -> LoadedModel:
 
 @pytest.fixture(scope="module")
 def exact_smollm() -> LoadedModel:
-    return load_model("smollm2-135m-instruct", backend="llamacpp", llamacpp=LlamaCppConfig(exact_verify=True))
+    return load_model("smollm2-135m-instruct", "llamacpp", LoadConfig(exact_verify=True))
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +76,9 @@ def generator_for(model: LoadedModel, kind: str) -> TextGenerator:
 
 
 def test_loads_the_gguf_file_directly(smollm):
-    assert smollm.backend == "llamacpp" and smollm.source.suffix == ".gguf"
+    assert smollm.backend.name == "llamacpp" and smollm.source.suffix == ".gguf"
     assert smollm.model.vocab_size == len(smollm.tokenizer.get_vocab()) == 49152
-    assert smollm.tokenizer.convert_tokens_to_ids("<|im_end|>") in eos_token_ids(smollm)
+    assert smollm.tokenizer.convert_tokens_to_ids("<|im_end|>") in smollm.eos_token_ids
 
 
 @pytest.mark.parametrize("k", [3, 64])
@@ -102,7 +103,7 @@ def test_every_token_of_a_one_call_verification_is_the_targets_choice(smollm, pl
     for prompt in PROMPTS:
         prediction = edited_prediction(smollm, plain[prompt]) if drafter_kind == "prediction" else None
         result = generator.generate(prompt, config, chat=True, prediction=prediction)
-        assert len(result.token_ids) == len(plain[prompt]) or result.token_ids[-1] in eos_token_ids(smollm)
+        assert len(result.token_ids) == len(plain[prompt]) or result.token_ids[-1] in smollm.eos_token_ids
         assert float(greedy_gaps(rescorer, result.prompt_ids, result.token_ids).max()) <= GAP, prompt
 
 
@@ -191,7 +192,7 @@ def test_a_prompt_pass_reads_every_chunk_of_a_long_prompt(smollm):
 
 def test_a_small_lm_drafter_on_llamacpp_is_lossless_with_early_stop(exact_smollm, plain):
     target = exact_smollm.new_lm()
-    engine = Engine(target, [SmallLMDrafter(exact_smollm.new_lm(), "self")], eos_token_ids(exact_smollm),
+    engine = Engine(target, [SmallLMDrafter(exact_smollm.new_lm(), "self")], exact_smollm.eos_token_ids,
                     exact_smollm.model.context_length)
     prompt_ids = encode_prompt(exact_smollm, PROMPTS[2], chat=True)
     tokens = engine.generate(prompt_ids, GenerationConfig(max_new_tokens=MAX_NEW), SpecStats())

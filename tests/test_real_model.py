@@ -7,8 +7,9 @@ import pytest
 from evospec.config import GenerationConfig
 from evospec.drafters import NgramDrafter, SmallLMDrafter
 from evospec.generation import TextGenerator, build_engine, encode_prompt
-from evospec.models.loading import eos_token_ids, load_model
-from evospec.target import CachedLM
+from evospec.config import LoadConfig
+from evospec.models.loading import load_model
+from evospec.models.hf import CachedLM
 
 from conftest import reference_greedy
 
@@ -26,12 +27,12 @@ MAX_NEW = 32
 
 @pytest.fixture(scope="module")
 def smollm():
-    return load_model("smollm2-135m-instruct", "fp32", backend="hf")
+    return load_model("smollm2-135m-instruct", "hf", LoadConfig(dtype="fp32"))
 
 
 @pytest.fixture(scope="module")
 def expected(smollm) -> dict[str, list[int]]:
-    eos = sorted(eos_token_ids(smollm))
+    eos = sorted(smollm.eos_token_ids)
     return {
         prompt: reference_greedy(smollm.model, encode_prompt(smollm, prompt, chat=True), MAX_NEW, eos_token_id=eos)
         for prompt in PROMPTS

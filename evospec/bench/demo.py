@@ -17,10 +17,9 @@ from tqdm.auto import tqdm
 
 from evospec.bench.methods import ADAPTIVE, build_methods
 from evospec.bench.workloads import Prompt, edits, spec_bench
-from evospec.config import GenerationConfig
-from evospec.cost import cpu_description, model_forward_cost
+from evospec.config import GenerationConfig, LoadConfig
 from evospec.generation import encode_prediction, encode_prompt
-from evospec.models.llamacpp import LlamaCppConfig
+from evospec.machine import cpu_description
 from evospec.models.loading import load_model
 
 PLAIN = "evospec-plain"
@@ -45,15 +44,14 @@ def demo_tasks() -> list[DemoTask]:
     ]
 
 
-def run_demo(target_spec: str, config: GenerationConfig, dtype: str | None, backend: str | None,
-             llamacpp: LlamaCppConfig) -> None:
+def run_demo(target_spec: str, config: GenerationConfig, backend: str | None, load: LoadConfig) -> None:
     """Each task with plain decoding and with evospec, interleaved, then a table of both."""
     console = Console()
     console.print(f"loading target {target_spec}")
-    target = load_model(target_spec, dtype, backend, llamacpp)
+    target = load_model(target_spec, backend, load)
     methods = build_methods([PLAIN, EVOSPEC], target, None, config.num_speculative_tokens, predictions=True)
     cpu = cpu_description()
-    table = Table(title=f"{target.name} on {target.backend}, greedy, draft length adaptive up to "
+    table = Table(title=f"{target.name} on {target.backend.name}, greedy, draft length adaptive up to "
                         f"{config.num_speculative_tokens}; {cpu['model']}, {'AVX512-BF16' if cpu['avx512_bf16'] else 'AVX2'}, "
                         f"{cpu['threads']} threads")
     for column in ("task", "method", "tokens", "tau", "decode tokens/s", "speedup", "what it shows"):
@@ -70,6 +68,6 @@ def run_demo(target_spec: str, config: GenerationConfig, dtype: str | None, back
                           f"{stats.decode_tokens_per_s:.1f}", f"{stats.decode_tokens_per_s / plain_rate:.2f}x",
                           task.why if name == PLAIN else "")
     console.print(table)
-    ceiling, size = model_forward_cost(target, config.num_speculative_tokens + 1).ceiling()
+    ceiling, size = target.forward_cost(config.num_speculative_tokens + 1).ceiling()
     console.print(f"On this machine one forward of {size} tokens costs {size / ceiling:.1f} one-token steps: no drafter "
                   f"can decode faster than {ceiling:.2f}x plain, even with every drafted token accepted.")

@@ -10,23 +10,22 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
 
 from evospec.bench import SUITES
 from evospec.config import GenerationConfig
-from evospec.draft_length import timing
 from evospec.drafters import Drafter, NgramDrafter, PredictionDrafter, SmallLMDrafter, SuffixDrafter
 from evospec.drafters.registry import new_white_box_drafter
 from evospec.drafters.whitebox import checkpoint_kind
 from evospec.engine import Engine
-from evospec.generation import build_engine
+from evospec.generation import build_engine, timing
 from evospec.learning import LEARNERS, LearnerConfig, build_learner
 from evospec.errors import EvospecError
-from evospec.models.llamacpp import default_threads
-from evospec.models.loading import LoadedModel, context_length, eos_token_ids
+from evospec.models.backend import Backend, LoadedModel
+from evospec.models.loading import backend_named
 from evospec.selection import SELECTORS, build_selector
 from evospec.stats import SpecStats
 
@@ -66,7 +65,7 @@ class HFGenerateMethod:
         self.name = name
         self.target = target
         self.assistant = assistant
-        self.eos = sorted(eos_token_ids(target))
+        self.eos = sorted(target.eos_token_ids)
         self.pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else self.eos[0]
 
     def run(self, prompt_ids: list[int], config: GenerationConfig, prediction_ids: Sequence[int] = ()) -> SpecStats:
@@ -109,8 +108,8 @@ class LlamaCppCompletionMethod:
         draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None
         self.name = name
         self.llm = Llama(
-            model_path=str(target.source), n_ctx=context_length(target), n_threads=default_threads(),
-            n_threads_batch=default_threads(), draft_model=draft, verbose=False,
+            model_path=str(target.source), n_ctx=target.context_length, n_threads=target.backend.threads(target.model),
+            n_threads_batch=target.backend.threads(target.model), draft_model=draft, verbose=False,
             # With a draft model llama-cpp-python keeps every row's logits but sizes that buffer from
             # this flag (0.3.36), so a prompt longer than a batch overflows it unless it is set.
             logits_all=draft is not None,
@@ -189,23 +188,32 @@ def build_methods(
                 builders[name] = lambda name=name, learner=learner, adaptive=bool(suffix): EvospecMethod(
                     name, engine([new_white_box_drafter(kind, target, white_box)], adaptive, learner=learner)
                 )
-    if target.backend == "hf":
-        builders["hf-plain"] = lambda: HFGenerateMethod("hf-plain", target)
-    else:
-        builders["llamacpp-plain"] = lambda: LlamaCppCompletionMethod("llamacpp-plain", target)
-        builders["llamacpp-lookup"] = lambda: LlamaCppCompletionMethod(
-            "llamacpp-lookup", target, lookup_tokens=min(num_speculative_tokens, LOOKUP_TOKENS)
-        )
+    for name, baseline in baselines(target.backend, draft_model and draft_model.name).items():
+        builders[name] = lambda baseline=baseline: BASELINES[baseline](target, draft_model, num_speculative_tokens)
     if draft_model is not None:
-        if target.backend == "hf":
-            builders[f"hf-assisted:{draft_model.name}"] = lambda: HFGenerateMethod(
-                f"hf-assisted:{draft_model.name}", target, draft_model
-            )
         for suffix in ("", ADAPTIVE):
             name = f"evospec:{draft_model.name}{suffix}"
             builders[name] = lambda name=name, adaptive=bool(suffix): EvospecMethod(name, engine(small_lm(), adaptive))
     check_method_names(names, list(builders))
     return [builders[name]() for name in names]
+
+
+# Each backend's baselines (Backend.baselines): its own generation loop, as its users run it.
+BASELINES: dict[str, Callable[[LoadedModel, LoadedModel | None, int], BenchMethod]] = {
+    "hf-plain": lambda target, draft_model, k: HFGenerateMethod("hf-plain", target),
+    "hf-assisted": lambda target, draft_model, k: HFGenerateMethod(f"hf-assisted:{draft_model.name}", target, draft_model),
+    "llamacpp-plain": lambda target, draft_model, k: LlamaCppCompletionMethod("llamacpp-plain", target),
+    "llamacpp-lookup": lambda target, draft_model, k: LlamaCppCompletionMethod(
+        "llamacpp-lookup", target, lookup_tokens=min(k, LOOKUP_TOKENS)),
+}
+ASSISTED = {"hf-assisted"}  # baselines that draft with the small LM: named <baseline>:<draft model>
+
+
+def baselines(backend: Backend, draft_model_name: str | None) -> dict[str, str]:
+    """Method name -> its BASELINES entry, for a backend's baselines in order; those that draft with
+    a small LM only when there is one."""
+    return {f"{name}:{draft_model_name}" if name in ASSISTED else name: name
+            for name in backend.baselines if name not in ASSISTED or draft_model_name}
 
 
 def check_method_names(names: list[str], known: list[str]) -> None:
@@ -234,9 +242,8 @@ def method_names(draft_model_name: str, backend: str, suite: str = "engine", whi
     checkpoint's drafter frozen, and with each learner.
     """
     singles = [f"evospec:{draft_model_name}", "evospec:ngram", "evospec:suffix"]
-    baselines = ["hf-plain"] if backend == "hf" else ["llamacpp-plain", "llamacpp-lookup"]
-    if suite == "edit":
-        return [*baselines, "evospec-plain", *(f"evospec:{drafter}{ADAPTIVE}" for drafter in MODEL_FREE),
+    if suite == "edit":  # without a small LM
+        return [*baselines(backend_named(backend), None), "evospec-plain", *(f"evospec:{drafter}{ADAPTIVE}" for drafter in MODEL_FREE),
                 f"select:ucb-bd{ADAPTIVE}"]
     if suite == "learning":
         if white_box is None:
@@ -247,7 +254,6 @@ def method_names(draft_model_name: str, backend: str, suite: str = "engine", whi
         return ["evospec-plain", *singles, *(f"select:{name}" for name in SELECTORS if name != "fixed")]
     if suite != "engine":
         raise EvospecError(f"unknown bench suite {suite!r}; choose {', '.join(SUITES)}")
-    if backend == "hf":
-        baselines.append(f"hf-assisted:{draft_model_name}")
-    return [*baselines, "evospec-plain", *singles, *(f"{name}{ADAPTIVE}" for name in singles)]
+    return [*baselines(backend_named(backend), draft_model_name), "evospec-plain", *singles,
+            *(f"{name}{ADAPTIVE}" for name in singles)]
 

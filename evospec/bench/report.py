@@ -1,4 +1,4 @@
-"""Results in the one shape of shared/benchmarks.md, a Markdown table and a plot."""
+"""Results in the one shape every benchmark writes (benchmarks/README.md), a Markdown table and plots."""
 
 from __future__ import annotations
 

@@ -6,18 +6,17 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from evospec.bench.methods import EvospecMethod, all_method_names, build_methods, check_method_names, method_names
 from evospec.bench.report import plot_blocks, plot_selection, single_drafters, summarize, write_report
 from evospec.bench.workloads import Prompt, edits, spec_bench
-from evospec.config import DEFAULT_DTYPE, GenerationConfig
-from evospec.cost import COST_CONTEXT_TOKENS, cpu_description, model_forward_cost
+from evospec.config import GenerationConfig, LoadConfig
+from evospec.cost import COST_CONTEXT_TOKENS
 from evospec.errors import EvospecError
 from evospec.generation import encode_prediction, encode_prompt
 from evospec.learning import LearnerConfig
-from evospec.models.llamacpp import LlamaCppConfig, default_threads
+from evospec.machine import cpu_description
 from evospec.models.loading import default_backend, load_model
 from evospec.stats import SpecStats
 
@@ -32,14 +31,13 @@ class BenchSettings:
     suite: str  # one of bench.methods.SUITES (method_names says what each runs)
     stream: str  # parts joined by "+", each mixed / domain-shift / category:NAME / NAME / edit (see _stream)
     per_category: int
-    dtype: str | None  # hf backend only; None: DEFAULT_DTYPE
     backend: str | None  # None: default_backend(target)
     generation: GenerationConfig
     out_dir: Path
     command: str  # recorded with the results
     white_box: Path | None = None  # an eagle or hydra checkpoint: evospec:<kind>[+<learner>] methods
     learning: LearnerConfig = LearnerConfig()
-    llamacpp: LlamaCppConfig = LlamaCppConfig()  # how a llama.cpp target runs (e.g. exact_verify)
+    load: LoadConfig = LoadConfig()  # how the target (and a small LM) load and run
 
 
 def run_bench(settings: BenchSettings) -> dict:
@@ -52,9 +50,9 @@ def run_bench(settings: BenchSettings) -> dict:
     suite = method_names(settings.draft_model, backend, settings.suite, settings.white_box)
     names = list(settings.methods or suite)
     check_method_names(names, all_method_names(settings.draft_model, backend, settings.white_box))  # before loading GBs
-    target = load_model(settings.target, settings.dtype, backend, settings.llamacpp)
+    target = load_model(settings.target, backend, settings.load)
     # The edit suite runs model-free drafters only: its selectors draft without a small LM.
-    draft_model = None if settings.suite == "edit" else load_model(settings.draft_model, settings.dtype, backend)
+    draft_model = None if settings.suite == "edit" else load_model(settings.draft_model, backend, settings.load)
     methods = build_methods(names, target, draft_model, settings.generation.num_speculative_tokens,
                             settings.white_box, settings.learning, predictions=any(p.prediction for p in prompts))
     prompt_ids = [encode_prompt(target, prompt.text, chat=True) for prompt in prompts]
@@ -76,13 +74,13 @@ def run_bench(settings: BenchSettings) -> dict:
         "command": settings.command,
         "target": target.name,
         "backend": backend,
-        "dtype": "gguf" if backend == "llamacpp" else settings.dtype or DEFAULT_DTYPE,
+        "dtype": target.weights_format,
         "temperature": settings.generation.sampling.temperature,
         "stream": settings.stream,
         "prompts": len(prompts),
         "max_new_tokens": settings.generation.max_new_tokens,
         "num_speculative_tokens": settings.generation.num_speculative_tokens,
-        "threads": default_threads() if backend == "llamacpp" else torch.get_num_threads(),
+        "threads": target.backend.threads(target.model),
         "cpu": cpu_description(),
         "load_average": round(load_average, 2),
         "plain_method": plain,
@@ -93,15 +91,14 @@ def run_bench(settings: BenchSettings) -> dict:
     if learners:  # what each learner did over the stream, and the memory its state holds
         results["learners"] = learners
     # T(n) on this machine, and the most any drafter could gain from it: every drafted token accepted.
-    cost = model_forward_cost(target, settings.generation.num_speculative_tokens + 1)
+    cost = target.forward_cost(settings.generation.num_speculative_tokens + 1)
     ceiling, size = cost.ceiling()
     results["forward_cost_ms"] = {str(n): round(1000 * s, 2) for n, s in zip(cost.sizes, cost.seconds)}
     results["ceiling"] = {"speedup": round(ceiling, 3), "forward_tokens": size,
                           "note": f"(m + 1) T(1) / T(m + 1) at its best m, T measured after {COST_CONTEXT_TOKENS} tokens"}
-    if backend == "llamacpp":  # llama-bench's decode figure, measured here with one-token llama_decode calls
-        results["llamacpp_decode_tokens_per_s"] = round(1 / cost.of(1), 2)
-        print(f"llama.cpp bare decode (one llama_decode per token, {COST_CONTEXT_TOKENS}-token context): "
-              f"{1 / cost.of(1):.2f} tokens/s")
+    # llama-bench's decode figure: one-token forwards and nothing else, after a COST_CONTEXT_TOKENS context.
+    results["bare_decode_tokens_per_s"] = round(1 / cost.of(1), 2)
+    print(f"bare decode (one-token forwards, {COST_CONTEXT_TOKENS}-token context): {1 / cost.of(1):.2f} tokens/s")
     write_report(results, settings.out_dir)
     if any(name.startswith("select:") for name in runs) and single_drafters(list(runs)):
         plot_selection(runs, settings.out_dir / "selection.png")

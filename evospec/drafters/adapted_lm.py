@@ -1,5 +1,5 @@
 """A small-LM drafter with low-rank adapters (LoRA, through peft) that the online learners train while
-it serves, as OSD trains its draft model on what the target said.
+it serves, as OSD (Liu et al. 2024, arXiv 2310.07177) trains its draft model on what the target said.
 
 The base weights stay frozen; the adapters start at zero (LoRA's B = 0), so an untrained adapted
 drafter drafts exactly what the plain small LM would. The learners see the adapters as the drafter's
@@ -18,10 +18,9 @@ from transformers import PreTrainedModel
 
 from evospec.drafters.small_lm import SmallLMDrafter
 from evospec.errors import EvospecError
-from evospec.learning.buffer import Trace
-from evospec.learning.losses import TrainingOutputs
+from evospec.learnable import Trace, TrainingOutputs
 from evospec.sampling import Sampler
-from evospec.target import CachedLM
+from evospec.models.hf import CachedLM
 from evospec.types import Draft
 
 

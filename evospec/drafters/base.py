@@ -34,6 +34,15 @@ class Drafter(Protocol):
         """What the target said this round (white-box drafters only; the engine calls no other)."""
 
 
+class ModelFreeDrafter:
+    """What the drafters that run no model share: no hidden states to read, nothing to learn, and a
+    draft that costs next to nothing."""
+
+    needs_hidden_states = False
+    learnable = False
+    model_free = True
+
+
 def empty_draft() -> Draft:
     """A draft of no tokens: the round is a plain decoding step."""
     return Draft(tokens=torch.empty(0, dtype=torch.long), probs=None)

@@ -1,5 +1,5 @@
-"""An EAGLE-style feature drafter: one decoder layer over [token embedding, target feature] that
-predicts the next feature, drafting autoregressively on its own predictions."""
+"""An EAGLE-style feature drafter (Li et al. 2024, arXiv 2401.15077): one decoder layer over [token
+embedding, target feature] that predicts the next feature, drafting autoregressively on its own predictions."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 
-from evospec.drafters.whitebox import ReducedVocab, TargetTokens, WhiteBoxConfig, WhiteBoxDrafter, load_weights
-from evospec.learning.buffer import Trace
-from evospec.learning.losses import TrainingOutputs
+from evospec.drafters.whitebox import ReducedVocab, WhiteBoxConfig, WhiteBoxDrafter, load_weights
+from evospec.learnable import Trace, TrainingOutputs
+from evospec.models.backend import TokenMatrices
 from evospec.sampling import Sampler
 from evospec.types import Draft
 
@@ -48,7 +48,7 @@ class EagleDrafter(WhiteBoxDrafter):
     whose inputs were exact (verified tokens and the target's own features); drafted positions,
     fed with predicted features, are trimmed away before the next draft."""
 
-    def __init__(self, name: str, config: WhiteBoxConfig, tokens: TargetTokens, vocab: ReducedVocab,
+    def __init__(self, name: str, config: WhiteBoxConfig, tokens: TokenMatrices, vocab: ReducedVocab,
                  context_length: int, state: dict | None = None) -> None:
         module = EagleModule(config, context_length)
         if state is not None:

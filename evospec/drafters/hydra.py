@@ -1,13 +1,13 @@
-"""Hydra-style sequentially dependent draft heads: head i reads the target's feature, the pending
-token and the i tokens drafted before it."""
+"""Hydra-style sequentially dependent draft heads (Ankner et al. 2024, arXiv 2402.05109): head i reads
+the target's feature, the pending token and the i tokens drafted before it."""
 
 from __future__ import annotations
 
 import torch
 
-from evospec.drafters.whitebox import ReducedVocab, TargetTokens, WhiteBoxConfig, WhiteBoxDrafter, load_weights
-from evospec.learning.buffer import Trace
-from evospec.learning.losses import TrainingOutputs
+from evospec.drafters.whitebox import ReducedVocab, WhiteBoxConfig, WhiteBoxDrafter, load_weights
+from evospec.learnable import Trace, TrainingOutputs
+from evospec.models.backend import TokenMatrices
 from evospec.sampling import Sampler
 from evospec.types import Draft
 
@@ -30,7 +30,7 @@ class HydraModule(torch.nn.Module):
 class HydraDrafter(WhiteBoxDrafter):
     """Drafts up to num_heads tokens, one head after another, from the feature before the pending token."""
 
-    def __init__(self, name: str, config: WhiteBoxConfig, tokens: TargetTokens, vocab: ReducedVocab,
+    def __init__(self, name: str, config: WhiteBoxConfig, tokens: TokenMatrices, vocab: ReducedVocab,
                  state: dict | None = None) -> None:
         module = HydraModule(config)
         if state is not None:

@@ -8,21 +8,17 @@ import numpy as np
 import torch
 
 from evospec.config import NgramConfig
-from evospec.drafters.base import empty_draft, match_label, match_lengths
+from evospec.drafters.base import ModelFreeDrafter, empty_draft, match_label, match_lengths
 from evospec.sampling import Sampler
 from evospec.types import Draft
 
 
-class NgramDrafter:
+class NgramDrafter(ModelFreeDrafter):
     """Finds the earlier place in the context whose preceding tokens match the context's end longest
     (the latest among equals) and proposes up to k of the tokens that followed it. Pays off where
     output copies input: summaries, RAG, edits."""
 
     name = "ngram"
-
-    needs_hidden_states = False
-    learnable = False
-    model_free = True
 
     def __init__(self, config: NgramConfig = NgramConfig()) -> None:
         self.config = config

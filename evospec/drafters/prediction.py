@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from evospec.drafters.base import common_prefix_length, empty_draft, match_label, match_lengths
+from evospec.drafters.base import ModelFreeDrafter, common_prefix_length, empty_draft, match_label, match_lengths
 from evospec.errors import EvospecError
 from evospec.sampling import Sampler
 from evospec.types import Draft
@@ -37,14 +37,10 @@ class PredictionConfig:
             raise EvospecError(f"invalid prediction drafter settings: {self}")
 
 
-class PredictionDrafter:
+class PredictionDrafter(ModelFreeDrafter):
     """Drafts the continuation of the output along the request's prediction (see the module docstring)."""
 
     name = PREDICTION
-
-    needs_hidden_states = False
-    learnable = False
-    model_free = True
 
     def __init__(self, config: PredictionConfig = PredictionConfig()) -> None:
         self.config = config

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from evospec.drafters.base import empty_draft, match_label
+from evospec.drafters.base import ModelFreeDrafter, empty_draft, match_label
 from evospec.errors import EvospecError
 from evospec.sampling import Sampler
 from evospec.types import Draft
@@ -38,14 +38,10 @@ class SuffixConfig:
             raise EvospecError(f"invalid suffix drafter settings: {self}")
 
 
-class SuffixDrafter:
+class SuffixDrafter(ModelFreeDrafter):
     """Drafts the continuation of the context's longest suffix seen before, in this or earlier requests."""
 
     name = "suffix"
-
-    needs_hidden_states = False
-    learnable = False
-    model_free = True
 
     def __init__(self, config: SuffixConfig = SuffixConfig()) -> None:
         self.config = config

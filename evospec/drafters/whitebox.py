@@ -15,14 +15,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors.torch import load_file
 
 from evospec.errors import EvospecError
 from evospec.files import save_tensors_atomically, write_atomically
-from evospec.models.loading import LoadedModel, vocab_size
-from evospec.models.llamacpp import LlamaCppModel
+from evospec.models.backend import LoadedModel, TokenMatrices
 from evospec.sampling import Sampler
 from evospec.types import Draft, RoundFeedback
 
@@ -37,7 +35,7 @@ class WhiteBoxConfig:
     kind: str  # "eagle" or "hydra"
     hidden_size: int  # the target's
     head_vocab: int = 6144  # N: target tokens the drafter can propose (its output layer's rows; each costs a draft step)
-    width: int = 512  # eagle: width of its decoder layer (at most the target's; a draft step must stay ~10% of a target step)
+    width: int = 512  # eagle: width of its decoder layer (at most the target's; a draft step must stay a small share of a target step)
     intermediate_size: int = 1024  # eagle: MLP width of its decoder layer
     num_heads: int = 4  # hydra: heads, so at most this many drafted tokens per round
 
@@ -64,42 +62,6 @@ class ReducedVocab:
         return cls(torch.tensor(chosen), vocab_size)
 
 
-class TargetTokens:
-    """The target's token embedding and output matrix, read-only: hf tensors in place, or rows
-    dequantized from the GGUF file on demand."""
-
-    def __init__(self, target: LoadedModel) -> None:
-        self.vocab_size = vocab_size(target)
-        if isinstance(target.model, LlamaCppModel):
-            import gguf
-
-            tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(target.model.path).tensors}
-            self._embedding = tensors["token_embd.weight"]
-            self._output = tensors.get("output.weight", self._embedding)  # tied embeddings have no output
-            self._dense = None
-        else:
-            self._dense = (target.model.get_input_embeddings().weight, target.model.get_output_embeddings().weight)
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Input embeddings of ids [n] -> [n, H] float32."""
-        if self._dense is not None:
-            return self._dense[0][ids.to(self._dense[0].device)].float().cpu()
-        return _dequantized_rows(self._embedding, ids)
-
-    def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows of the output layer for ids [n] -> [n, H] float32."""
-        if self._dense is not None:  # indexing copies: the drafter's rows never alias the target's
-            return self._dense[1][ids.to(self._dense[1].device)].float().cpu()
-        return _dequantized_rows(self._output, ids)
-
-
-def _dequantized_rows(tensor, ids: torch.Tensor) -> torch.Tensor:
-    import gguf
-
-    rows = np.asarray(tensor.data)[ids.numpy()]
-    return torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(rows, tensor.tensor_type), dtype=np.float32))
-
-
 class WhiteBoxDrafter:
     """The part of an EAGLE- or Hydra-style drafter that is not its network: features per position,
     the reduced output layer, drafting from head logits, checkpoints. Subclasses draft and train."""
@@ -108,7 +70,7 @@ class WhiteBoxDrafter:
     learnable = True
     model_free = False
 
-    def __init__(self, name: str, config: WhiteBoxConfig, module: torch.nn.Module, tokens: TargetTokens,
+    def __init__(self, name: str, config: WhiteBoxConfig, module: torch.nn.Module, tokens: TokenMatrices,
                  vocab: ReducedVocab) -> None:
         if vocab.ids.numel() != config.head_vocab:
             raise EvospecError(f"the vocabulary map has {vocab.ids.numel()} tokens, the config says {config.head_vocab}")
@@ -117,7 +79,7 @@ class WhiteBoxDrafter:
         self.module = module  # the weights a learner updates
         self.tokens = tokens
         self.vocab = vocab
-        self.head = tokens.output_rows(vocab.ids)  # [N, H] frozen, what training reads; fp32: bf16 backward is 40x slower without AVX512-BF16
+        self.head = tokens.output_rows(vocab.ids)  # [N, H] frozen, what training reads; fp32: bf16 backward is emulated without AVX512-BF16
         self._draft_head = self.head.bfloat16()  # [N, H] what drafting reads: half the bytes, the bulk of a draft step
         self.version = 0  # learning steps applied since it was built
         self.features: dict[int, torch.Tensor] = {}  # context position -> the target's hidden state there
@@ -204,11 +166,11 @@ def read_checkpoint(directory: Path, kind: str, target: LoadedModel) -> tuple[Wh
         raise EvospecError(f"{meta_file}: not an {CHECKPOINT_FORMAT} checkpoint of version {CHECKPOINT_VERSION}")
     if config.kind != kind:
         raise EvospecError(f"{directory} holds a {config.kind} drafter, not {kind}")
-    if meta["target_vocab_size"] != vocab_size(target):
+    if meta["target_vocab_size"] != target.vocab_size:
         raise EvospecError(
             f"{directory} was trained for a target with {meta['target_vocab_size']} tokens "
-            f"({meta['target']}); '{target.name}' has {vocab_size(target)}"
+            f"({meta['target']}); '{target.name}' has {target.vocab_size}"
         )
     tensors = load_file(weights_file)
     state = {key.removeprefix("module."): value for key, value in tensors.items() if key.startswith("module.")}
-    return config, state, ReducedVocab(tensors["vocab_ids"], vocab_size(target)), meta
+    return config, state, ReducedVocab(tensors["vocab_ids"], target.vocab_size), meta

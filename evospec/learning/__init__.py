@@ -1,6 +1,8 @@
-"""OnlineSPEC: feedback buffer, losses and online learners that keep white-box drafters learning while they serve."""
+"""OnlineSPEC (Qian et al., "When Drafts Evolve: Speculative Decoding Meets Online Learning", arXiv 2603.12617):
+the feedback buffer, the losses and the online learners that keep a drafter learning while it serves
+(white-box drafters, and a small LM through its adapters)."""
 
-from evospec.learning.buffer import FeedbackBuffer, Trace
+from evospec.learning.buffer import FeedbackBuffer
 from evospec.learning.learners import (
     LEARNERS,
     NO_LEARNER,
@@ -11,9 +13,9 @@ from evospec.learning.learners import (
     OptimisticLearner,
     build_learner,
 )
-from evospec.learning.losses import LossConfig, TrainingOutputs, drafter_loss
+from evospec.learning.losses import LossConfig, drafter_loss
 
 __all__ = [
     "LEARNERS", "NO_LEARNER", "EnsembleLearner", "FeedbackBuffer", "LearnerConfig", "LossConfig", "OGDLearner",
-    "OnlineLearner", "OptimisticLearner", "Trace", "TrainingOutputs", "build_learner", "drafter_loss",
+    "OnlineLearner", "OptimisticLearner", "build_learner", "drafter_loss",
 ]

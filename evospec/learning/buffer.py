@@ -14,36 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from evospec.learnable import Trace
 from evospec.types import RoundFeedback
-
-
-@dataclass(frozen=True)
-class Trace:
-    """Consecutive context positions of one request, with what the target said at each."""
-
-    tokens: torch.Tensor  # [T] int64 the token at each position
-    prefix: torch.Tensor  # [P] int64 the request's tokens before the first position
-    hidden: torch.Tensor | None  # [T, H] float32 the target's final hidden state there
-    top_ids: torch.Tensor  # [T, K] int64 the target's most likely next tokens
-    top_probs: torch.Tensor  # [T, K] float32 their probabilities
-    rejected: torch.Tensor  # [T] bool: a drafted next token was rejected here (OSD learns from these)
-
-    @property
-    def length(self) -> int:
-        return int(self.tokens.numel())
-
-    @property
-    def nbytes(self) -> int:
-        tensors = (self.tokens, self.prefix, self.hidden, self.top_ids, self.top_probs, self.rejected)
-        return sum(tensor.nbytes for tensor in tensors if tensor is not None)
-
-    def window(self, start: int, end: int) -> Trace:
-        """Rows start..end-1 as a trace of their own (the rows before them join its prefix)."""
-        return Trace(
-            tokens=self.tokens[start:end], prefix=torch.cat([self.prefix, self.tokens[:start]]),
-            hidden=None if self.hidden is None else self.hidden[start:end],
-            top_ids=self.top_ids[start:end], top_probs=self.top_probs[start:end], rejected=self.rejected[start:end],
-        )
 
 
 @dataclass(frozen=True)

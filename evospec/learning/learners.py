@@ -1,7 +1,7 @@
 """Online learners: they turn each round's feedback into updates of a drafter while it serves (a
 white-box drafter, or the adapters of a small LM).
 
-OGD (OnlineSPEC's Online-LR), optimistic OGD (Opt-Hydra: the previous gradient is the hint for the
+OnlineSPEC (arXiv 2603.12617) names the three: OGD (its Online-LR), optimistic OGD (Opt-Hydra: the previous gradient is the hint for the
 next, w <- w - lr * (2 g_t - g_{t-1}); or its momentum form) and an online ensemble of learning rates
 (Ens-Eagle: copies with lr, 2 lr, 4 lr weighted by Hedge, serving the weighted combination). Every
 learner keeps a bounded feedback buffer, steps on a schedule, and is guarded: a step with a
@@ -16,13 +16,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
-
 import torch
 
 from evospec.errors import EvospecError
-from evospec.learning.buffer import FeedbackBuffer, Trace, packed, trace_of, window_spans
-from evospec.learning.losses import LossConfig, TrainingOutputs, drafter_loss
+from evospec.learnable import LearnableDrafter, Trace
+from evospec.learning.buffer import FeedbackBuffer, packed, trace_of, window_spans
+from evospec.learning.losses import LossConfig, drafter_loss
 from evospec.types import RoundFeedback
 
 SCHEDULES = ("rounds", "request", "chunk")
@@ -34,7 +33,7 @@ class LearnerConfig:
 
     lr: float = 0.5  # SGD step size (the ensemble's smallest); the best of 0.05..8 on a domain shift (benchmarks/)
     schedule: str = "rounds"  # rounds: every `every` rounds; request: after each request; chunk: after `every` requests
-    every: int = 24  # a 64-row step costs ~2.5 target steps on a 2-core CPU: learn from the new rows, not every round
+    every: int = 24  # a step costs a few target steps on a CPU: learn from the new rows, not every round
     buffer_rows: int = 4096  # feedback rows kept; the oldest go first
     batch_rows: int = 64  # a step learns from the newest rows
     prompt_rows: int = 1024  # white-box drafters: learn from the prompt's last rows while answering it, a step a round (0: never)
@@ -62,23 +61,6 @@ class LearnerConfig:
             raise EvospecError(f"prompt rows must be >= 0, got {self.prompt_rows}")
         if self.optimistic_form not in ("hint", "momentum"):
             raise EvospecError(f"optimistic form is 'hint' or 'momentum', got {self.optimistic_form!r}")
-
-
-class LearnableDrafter(Protocol):
-    """A drafter whose `module` a learner may update between rounds."""
-
-    name: str
-    learnable: bool  # False: not a drafter a learner can train
-    needs_hidden_states: bool  # True: it reads the target's features (white-box), so its traces must carry them
-    module: torch.nn.Module
-    version: int  # learning steps applied
-
-    @property
-    def row_of(self) -> torch.Tensor:
-        """[V] the drafter's output row of each target id, -1 where it has none."""
-
-    def training_outputs(self, module: torch.nn.Module, trace: Trace) -> TrainingOutputs:
-        """Teacher-forced predictions of module (the drafter's own or a same-shaped copy) over a trace."""
 
 
 @dataclass

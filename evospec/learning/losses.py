@@ -6,17 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from evospec.learning.buffer import Trace
-
-
-@dataclass(frozen=True)
-class TrainingOutputs:
-    """A drafter's teacher-forced predictions over a trace."""
-
-    logits: torch.Tensor  # [S, N] over the drafter's reduced vocabulary
-    rows: torch.Tensor  # [S] trace row whose next-token distribution each prediction is scored against
-    features: torch.Tensor | None  # [F, H] predicted target features (EAGLE-style drafters)
-    feature_rows: torch.Tensor | None  # [F] trace row of the target feature each one predicts
+from evospec.learnable import Trace, TrainingOutputs
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,20 @@ instead, so that each row is computed by the one-token kernel, as plain decoding
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import AutoTokenizer
 
+from evospec.config import LoadConfig
 from evospec.errors import EvospecError
+from evospec.machine import default_threads
+from evospec.models.backend import LoadedModel
+from evospec.models.hf import default_device, from_pretrained, gguf_cache_dir
+from evospec.models.zoo import ZOO, convert_tokenizer, pull, tokenizer_dir
 from evospec.target import PromptPass, top_next_tokens
 
 SEQUENCE = 0  # batch 1: every token lives in sequence 0
@@ -40,7 +45,7 @@ class LlamaCppConfig:
     max_context: int = 8192  # KV cache size cap; the model's training context if that is smaller
     batch_size: int = 512  # tokens per llama_decode call (a longer prompt is fed in chunks)
     threads: int | None = None  # None: every core this process may run on
-    repack: bool = True  # llama.cpp's repacked weights ("extra buffer types"): faster at every batch size here
+    repack: bool = True  # llama.cpp's repacked weights ("extra buffer types"): faster at every batch size measured (benchmarks/README.md)
     exact_verify: bool = False  # verify in calls of at most exact_rows rows, each computed as a one-token step
     exact_rows: int = 3  # a repacked matmul rounds differently from 4 rows on
 
@@ -54,11 +59,6 @@ def _bindings():
             "the llama.cpp backend needs llama-cpp-python (`pip install llama-cpp-python`), or use --backend hf"
         ) from error
     return llama_cpp
-
-
-def default_threads() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class LlamaCppModel:
@@ -82,6 +82,11 @@ class LlamaCppModel:
         self.context_length = min(lib.llama_model_n_ctx_train(self.handle), config.max_context)
         self.eog_token_ids = frozenset(t for t in range(self.vocab_size) if lib.llama_vocab_is_eog(vocab, t))
 
+    @property
+    def threads(self) -> int:
+        """The CPU threads its contexts compute with."""
+        return self.config.threads or default_threads()
+
     def new_lm(self, hidden_states: bool = False) -> LlamaCppLM:
         """A fresh context over these weights; hidden_states turns on llama.cpp's per-token embeddings output."""
         return LlamaCppLM(self, hidden_states)
@@ -100,7 +105,7 @@ class LlamaCppLM:
         params = lib.llama_context_default_params()
         params.n_ctx = model.context_length
         params.n_batch = params.n_ubatch = model.config.batch_size
-        params.n_threads = params.n_threads_batch = model.config.threads or default_threads()
+        params.n_threads = params.n_threads_batch = model.threads
         params.n_seq_max = 1
         params.embeddings = hidden_states
         if hidden_states:
@@ -229,6 +234,83 @@ class LlamaCppLM:
             self._lib.llama_batch_free(self._batch)
             self._lib.llama_free(self.handle)
             self.handle = None
+
+
+class GGUFTokens:
+    """The token matrices of a GGUF file, rows dequantized on demand."""
+
+    def __init__(self, model: LlamaCppModel) -> None:
+        import gguf
+
+        tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(model.path).tensors}
+        self.vocab_size = model.vocab_size
+        self._embedding = tensors["token_embd.weight"]
+        self._output = tensors.get("output.weight", self._embedding)  # tied embeddings have no output
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return _dequantized_rows(self._embedding, ids)
+
+    def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return _dequantized_rows(self._output, ids)
+
+
+def _dequantized_rows(tensor, ids: torch.Tensor) -> torch.Tensor:
+    import gguf
+
+    rows = np.asarray(tensor.data)[ids.numpy()]
+    return torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(rows, tensor.tensor_type), dtype=np.float32))
+
+
+def _is_gguf(spec: str) -> bool:
+    return spec in ZOO or (spec.endswith(".gguf") and Path(spec).expanduser().is_file())
+
+
+class LlamaCppBackend:
+    """llama.cpp: a GGUF file run as it is, on the CPU. The default for GGUF files and zoo aliases on a
+    machine without a GPU."""
+
+    name = "llamacpp"
+    dtypes = ()
+    baselines = ("llamacpp-plain", "llamacpp-lookup")
+
+    def default_for(self, spec: str) -> bool:
+        return _is_gguf(spec) and default_device().type == "cpu"
+
+    def can_run(self, spec: str) -> bool:
+        return _is_gguf(spec)
+
+    def load(self, spec: str, config: LoadConfig) -> LoadedModel:
+        """A GGUF file (a zoo alias pulled first), with its extracted tokenizer."""
+        if config.dtype is not None:
+            raise EvospecError("--dtype applies to the hf backend; llama.cpp runs the GGUF file's own quantization")
+        if spec in ZOO:
+            gguf_file, tokenizer_source = pull(spec), tokenizer_dir(spec)
+        else:
+            gguf_file = Path(spec).expanduser()
+            if not (gguf_file.is_file() and gguf_file.suffix == ".gguf"):
+                raise EvospecError(f"{spec!r}: the llama.cpp backend needs a .gguf file or a zoo alias ({', '.join(ZOO)})")
+            tokenizer_source = gguf_cache_dir(gguf_file) / "tokenizer"
+            if not tokenizer_source.is_dir():
+                convert_tokenizer(gguf_file, tokenizer_source)
+        tokenizer = from_pretrained(AutoTokenizer, spec, tokenizer_source)
+        model = LlamaCppModel(gguf_file, LlamaCppConfig(exact_verify=config.exact_verify))
+        return LoadedModel(spec, model, tokenizer, gguf_file, self, model.vocab_size, model.hidden_size,
+                           model.context_length, model.eog_token_ids)
+
+    def new_lm(self, model: LlamaCppModel, hidden_states: bool) -> LlamaCppLM:
+        return model.new_lm(hidden_states)
+
+    def token_matrices(self, model: LlamaCppModel) -> GGUFTokens:
+        return GGUFTokens(model)
+
+    def weights_format(self, model: LlamaCppModel) -> str:
+        return "gguf"
+
+    def cost_key(self, loaded: LoadedModel) -> str:
+        return f"{self.name}|{loaded.model.path.resolve()}|{loaded.model.config}"  # its settings shape each call
+
+    def threads(self, model: LlamaCppModel) -> int:
+        return model.threads
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)

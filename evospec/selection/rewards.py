@@ -1,4 +1,4 @@
-"""Rewards of a round for the selector (MetaSD), from the draft and the target's verdict.
+"""Rewards of a round for the selector (MetaSD, arXiv 2604.05417), from the draft and the target's verdict.
 
 - block efficiency BE = accepted / k: what the round achieved.
 - block divergence BD = (1/k) * sum_j sum_x min(p_j(x), q_j(x)) = (1/k) * sum_j (1 - TV(p_j, q_j)):

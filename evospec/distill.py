@@ -38,9 +38,10 @@ from evospec.files import save_tensors_atomically
 from evospec.engine import FEEDBACK_TOP_K
 from evospec.errors import EvospecError
 from evospec.generation import build_engine, encode_prompt
-from evospec.learning.buffer import Trace, packed, window_spans
+from evospec.learnable import Trace
+from evospec.learning.buffer import packed, window_spans
 from evospec.learning.losses import LossConfig, drafter_loss
-from evospec.models.loading import LoadedModel, context_length, eos_token_ids, hidden_size, vocab_size
+from evospec.models.backend import LoadedModel
 from evospec.stats import SpecStats
 from evospec.target import top_next_tokens
 
@@ -239,7 +240,7 @@ def collect(target: LoadedModel, prompts: list[str], directory: Path, config: Di
     samples, collected, reused = [], 0, 0
     for index, prompt in enumerate(tqdm(prompts, desc="collect", unit="sample", disable=not progress)):
         prompt_ids = encode_prompt(target, prompt, chat)
-        if len(prompt_ids) >= context_length(target):
+        if len(prompt_ids) >= target.context_length:
             continue
         sample = cache.load(index, prompt_ids)
         if sample is None:
@@ -251,7 +252,7 @@ def collect(target: LoadedModel, prompts: list[str], directory: Path, config: Di
             reused += 1
         samples.append(sample)
     if not samples:
-        raise EvospecError(f"no prompt of {config.data} fits the target's context of {context_length(target)} tokens")
+        raise EvospecError(f"no prompt of {config.data} fits the target's context of {target.context_length} tokens")
     return Collection(samples, collected, reused, len(prompts) - len(samples))
 
 
@@ -278,10 +279,10 @@ def _settings(config: DistillConfig) -> dict:
 
 
 def _new_drafter(kind: str, target: LoadedModel, train: list[Sample], config: DistillConfig) -> WhiteBoxDrafter:
-    shape = WhiteBoxConfig(kind, hidden_size(target))
-    size = min(shape.head_vocab if config.head_vocab is None else config.head_vocab, vocab_size(target))
+    shape = WhiteBoxConfig(kind, target.hidden_size)
+    size = min(shape.head_vocab if config.head_vocab is None else config.head_vocab, target.vocab_size)
     vocab = ReducedVocab.most_frequent(
-        [sample.tokens.tolist() for sample in train], vocab_size(target), size, always=sorted(eos_token_ids(target))
+        [sample.tokens.tolist() for sample in train], target.vocab_size, size, always=sorted(target.eos_token_ids)
     )
     return new_white_box_drafter(kind, target, config=dataclasses.replace(shape, head_vocab=size), vocab=vocab)
 
@@ -311,7 +312,7 @@ class _TraceCache:
 
     def __init__(self, directory: Path, target: LoadedModel, max_new_tokens: int) -> None:
         self.directory = directory
-        self.target = (target.name, target.backend)
+        self.target = (target.name, target.backend.name)
         self.max_new_tokens = max_new_tokens
 
     def _key(self, prompt_ids: list[int]) -> str:
