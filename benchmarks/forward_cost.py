@@ -14,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from evospec.cost import COST_CONTEXT_TOKENS, measure_forward_cost
 from evospec.config import LoadConfig
+from evospec.cost import COST_CONTEXT_TOKENS, measure_forward_cost
 from evospec.machine import default_threads
 from evospec.models.loading import load_model
 
@@ -29,15 +29,19 @@ def main() -> None:
     args = parser.parse_args()
     results = {
         "command": "python benchmarks/forward_cost.py " + " ".join(sys.argv[1:]),
-        "target": args.target, "threads": default_threads(), "context_tokens": COST_CONTEXT_TOKENS,
-        "load_average": round(os.getloadavg()[0], 2), "variants": {},
+        "target": args.target,
+        "threads": default_threads(),
+        "context_tokens": COST_CONTEXT_TOKENS,
+        "load_average": round(os.getloadavg()[0], 2),
+        "variants": {},
     }
     for variant in args.variants.split(","):
         backend, _, dtype = variant.partition(":")
         model = load_model(args.target, backend, LoadConfig(dtype=dtype or None))
         cost = measure_forward_cost(model.new_lm(), args.max_tokens, model.vocab_size)
         results["variants"][variant] = {
-            "ms": [round(1e3 * s, 1) for s in cost.seconds], "ratio": [round(r, 2) for r in cost.ratios()],
+            "ms": [round(1e3 * s, 1) for s in cost.seconds],
+            "ratio": [round(r, 2) for r in cost.ratios()],
         }
         print(variant, results["variants"][variant], flush=True)
     out = Path(args.out)

@@ -28,14 +28,13 @@ import torch
 from tqdm import tqdm
 
 from evospec.bench.workloads import spec_bench
-from evospec.config import DistillConfig
+from evospec.config import DistillConfig, LoadConfig
+from evospec.distill import Sample, collect
 from evospec.drafters.adapted_lm import AdaptedLMDrafter, AdapterConfig
 from evospec.drafters.registry import new_white_box_drafter
 from evospec.drafters.whitebox import checkpoint_kind
 from evospec.errors import EvospecError
 from evospec.learning import LEARNERS, NO_LEARNER, LearnerConfig, build_learner
-from evospec.distill import Sample, collect
-from evospec.config import LoadConfig
 from evospec.models.loading import load_model
 from evospec.types import RoundFeedback
 
@@ -47,15 +46,25 @@ def main() -> None:
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     drafter = parser.add_mutually_exclusive_group(required=True)
     drafter.add_argument("--white-box", type=Path, help="a warm-started eagle or hydra checkpoint")
-    drafter.add_argument("--small-lm", help="a small LM that learns through adapters (lora:MODEL in serving), run in fp32")
-    parser.add_argument("--context-tokens", type=int, default=AdapterConfig.context_tokens,
-                        help="small LM: tokens before the answer so far that it reads, to predict and to learn")
+    drafter.add_argument(
+        "--small-lm", help="a small LM that learns through adapters (lora:MODEL in serving), run in fp32"
+    )
+    parser.add_argument(
+        "--context-tokens",
+        type=int,
+        default=AdapterConfig.context_tokens,
+        help="small LM: tokens before the answer so far that it reads, to predict and to learn",
+    )
     parser.add_argument("--traces", required=True, type=Path, help="cache of the target's answers (made if missing)")
     parser.add_argument("--per-category", type=int, default=5)
     parser.add_argument("--category", help="one Spec-Bench category only (default: the domain-shift stream of all six)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--setting", action="append", required=True,
-                        help="none, or LEARNER[:field=value,...] with LearnerConfig fields, e.g. ogd:lr=0.5,every=8")
+    parser.add_argument(
+        "--setting",
+        action="append",
+        required=True,
+        help="none, or LEARNER[:field=value,...] with LearnerConfig fields, e.g. ogd:lr=0.5,every=8",
+    )
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args()
     settings = {setting: parse_setting(setting) for setting in args.setting}  # bad ones fail before any loading
@@ -71,8 +80,9 @@ def main() -> None:
         raise SystemExit(f"Spec-Bench has no category {args.category!r}; choose one of {known}")
     torch.set_num_threads(2)
     target = load_model(args.target)
-    samples = collect(target, [prompt.text for prompt in prompts], args.traces,
-                      DistillConfig(max_new_tokens=args.max_new_tokens)).samples
+    samples = collect(
+        target, [prompt.text for prompt in prompts], args.traces, DistillConfig(max_new_tokens=args.max_new_tokens)
+    ).samples
     categories = [prompt.category for prompt in prompts]
     methods = {}
     for setting, (name, config) in settings.items():
@@ -86,13 +96,20 @@ def main() -> None:
         methods[setting] = {
             "agreement": sum(map(sum, hits)) / sum(map(len, hits)),
             "learning_steps": learner.stats.steps if learner else 0,
-            "per_block": [{"category": category, "agreement": sum(h) / len(h)} for category, h in zip(categories, hits)],
+            "per_block": [
+                {"category": category, "agreement": sum(h) / len(h)} for category, h in zip(categories, hits)
+            ],
         }
         print(f"{setting}: agreement {methods[setting]['agreement']:.3f}", flush=True)
-    results = {"command": "python benchmarks/learning_replay.py " + " ".join(sys.argv[1:]), "target": args.target,
-               "drafter": str(args.white_box) if kind else f"lora:{args.small_lm}",
-               "stream": f"category:{args.category}" if args.category else "domain-shift", "prompts": len(samples),
-               "max_new_tokens": args.max_new_tokens, "methods": methods}
+    results = {
+        "command": "python benchmarks/learning_replay.py " + " ".join(sys.argv[1:]),
+        "target": args.target,
+        "drafter": str(args.white_box) if kind else f"lora:{args.small_lm}",
+        "stream": f"category:{args.category}" if args.category else "domain-shift",
+        "prompts": len(samples),
+        "max_new_tokens": args.max_new_tokens,
+        "methods": methods,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     plot(results, args.out / "agreement.png")
@@ -138,27 +155,44 @@ def replay(drafter, learner, samples: list[Sample], desc: str) -> list[list[floa
         first = sample.prompt_length  # the first answer token: the pending token of the first round
         chunk = POSITIONS_PER_STEP if learns_in_requests else sample.tokens.numel() - first
         sample_hits = []
-        if learner:  # the prefill's feedback, as in serving: the prompt, with p at its last token or its last prompt rows
+        if (
+            learner
+        ):  # the prefill's feedback, as in serving: the prompt, with p at its last token or its last prompt rows
             rows = max(1, min(first, learner.prompt_rows))
-            learner.observe(RoundFeedback(
-                request=request, position=0, drafter=None, tokens=sample.tokens[:first],
-                drafted=torch.empty(0, dtype=torch.long), num_accepted=0, hidden=sample.hidden[first - rows : first].float(),
-                top_ids=sample.top_ids[first - rows : first], top_probs=sample.top_probs[first - rows : first],
-            ))
+            learner.observe(
+                RoundFeedback(
+                    request=request,
+                    position=0,
+                    drafter=None,
+                    tokens=sample.tokens[:first],
+                    drafted=torch.empty(0, dtype=torch.long),
+                    num_accepted=0,
+                    hidden=sample.hidden[first - rows : first].float(),
+                    top_ids=sample.top_ids[first - rows : first],
+                    top_probs=sample.top_probs[first - rows : first],
+                )
+            )
         for start in range(first, sample.tokens.numel(), chunk):
             end = min(start + chunk, sample.tokens.numel())
             with torch.no_grad():  # the answer so far, as the drafter's cache holds it in serving
                 outputs = drafter.training_outputs(drafter.module, sample.trace(first - 1, end))
-            predicted = target_id_of_row[outputs.logits[-(end - start):].argmax(dim=-1)]
+            predicted = target_id_of_row[outputs.logits[-(end - start) :].argmax(dim=-1)]
             sample_hits += (predicted == sample.top_ids[start:end, 0]).float().tolist()
             if learner:
                 for position in range(start, end):
-                    learner.observe(RoundFeedback(
-                        request=request, position=position, drafter=drafter.name,
-                        tokens=sample.tokens[position : position + 1], drafted=predicted[position - start : position - start + 1],
-                        num_accepted=int(sample_hits[position - first]), hidden=sample.hidden[position : position + 1].float(),
-                        top_ids=sample.top_ids[position : position + 1], top_probs=sample.top_probs[position : position + 1],
-                    ))
+                    learner.observe(
+                        RoundFeedback(
+                            request=request,
+                            position=position,
+                            drafter=drafter.name,
+                            tokens=sample.tokens[position : position + 1],
+                            drafted=predicted[position - start : position - start + 1],
+                            num_accepted=int(sample_hits[position - first]),
+                            hidden=sample.hidden[position : position + 1].float(),
+                            top_ids=sample.top_ids[position : position + 1],
+                            top_probs=sample.top_probs[position : position + 1],
+                        )
+                    )
         if learner:
             learner.end_request()
         hits.append(sample_hits)
@@ -173,7 +207,11 @@ def plot(results: dict, path: Path) -> None:
 
     figure, axis = plt.subplots(figsize=(10, 4.8))
     for name, method in results["methods"].items():
-        axis.plot([block["agreement"] for block in method["per_block"]], marker=".", label=f"{name} ({method['agreement']:.3f})")
+        axis.plot(
+            [block["agreement"] for block in method["per_block"]],
+            marker=".",
+            label=f"{name} ({method['agreement']:.3f})",
+        )
     blocks = next(iter(results["methods"].values()))["per_block"]
     for index, block in enumerate(blocks):
         if index == 0 or block["category"] != blocks[index - 1]["category"]:

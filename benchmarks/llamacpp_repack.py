@@ -34,19 +34,25 @@ def main() -> None:
     args = parser.parse_args()
     gguf = load_model(args.target, backend="llamacpp").source
     variants = {"repacked": True, "unpacked": False}
-    models = {name: LlamaCppModel(gguf, LlamaCppConfig(repack=repack, exact_rows=args.max_tokens))
-              for name, repack in variants.items()}
+    models = {
+        name: LlamaCppModel(gguf, LlamaCppConfig(repack=repack, exact_rows=args.max_tokens))
+        for name, repack in variants.items()
+    }
     token_ids = [(7 + 31 * i) % models["repacked"].vocab_size for i in range(max(EXACTNESS_CONTEXTS) + args.max_tokens)]
     results = {
-        "command": "python benchmarks/llamacpp_repack.py " + " ".join(sys.argv[1:]), "target": args.target,
-        "threads": default_threads(), "load_average": round(os.getloadavg()[0], 2),
-        "context_tokens": COST_CONTEXT_TOKENS, "variants": {},
+        "command": "python benchmarks/llamacpp_repack.py " + " ".join(sys.argv[1:]),
+        "target": args.target,
+        "threads": default_threads(),
+        "load_average": round(os.getloadavg()[0], 2),
+        "context_tokens": COST_CONTEXT_TOKENS,
+        "variants": {},
     }
     seconds = timings(models, token_ids, args.max_tokens)
     for name, model in models.items():
         ms = [1e3 * statistics.median(seconds[name, n]) for n in range(1, args.max_tokens + 1)]
         results["variants"][name] = {
-            "ms": [round(t, 1) for t in ms], "ratio": [round(t / ms[0], 2) for t in ms],
+            "ms": [round(t, 1) for t in ms],
+            "ratio": [round(t / ms[0], 2) for t in ms],
             "inexact_rows": {str(c): inexact_sizes(model, token_ids, c, args.max_tokens) for c in EXACTNESS_CONTEXTS},
         }
         print(name, results["variants"][name], flush=True)
@@ -55,7 +61,9 @@ def main() -> None:
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
 
-def timings(models: dict[str, LlamaCppModel], token_ids: list[int], max_tokens: int) -> dict[tuple[str, int], list[float]]:
+def timings(
+    models: dict[str, LlamaCppModel], token_ids: list[int], max_tokens: int
+) -> dict[tuple[str, int], list[float]]:
     """Seconds of forwards of 1..max_tokens tokens after COST_CONTEXT_TOKENS, per variant, interleaved."""
     lms = {name: model.new_lm() for name, model in models.items()}
     for lm in lms.values():

@@ -19,12 +19,20 @@ import sys
 from pathlib import Path
 
 import openai
+from serve_load import start_server
 from tqdm import tqdm
 
 from evospec.bench.workloads import spec_bench
-from serve_load import start_server
 
-SUMMED = ("new_tokens", "wall_s", "learn_s", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_verifications")
+SUMMED = (
+    "new_tokens",
+    "wall_s",
+    "learn_s",
+    "num_drafts",
+    "num_draft_tokens",
+    "num_accepted_tokens",
+    "num_verifications",
+)
 
 
 def main() -> None:
@@ -50,8 +58,9 @@ def main() -> None:
     servers = {}
     try:
         for name, extra in methods.items():
-            server_args = argparse.Namespace(target=args.target, drafter=[args.drafter], model=None,
-                                             server_arg=[*args.server_arg, *extra])
+            server_args = argparse.Namespace(
+                target=args.target, drafter=[args.drafter], model=None, server_arg=[*args.server_arg, *extra]
+            )
             servers[name] = start_server(server_args)
         records = run_stream(servers, args.target, prompts, args.max_tokens)
     finally:
@@ -59,9 +68,14 @@ def main() -> None:
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=120)
     results = {
-        "command": "python benchmarks/serve_learning.py " + " ".join(sys.argv[1:]), "target": args.target,
-        "temperature": 0.0, "stream": f"category:{args.category}", "prompts": len(prompts),
-        "max_new_tokens": args.max_tokens, "threads": os.cpu_count(), "load_average": load_average,
+        "command": "python benchmarks/serve_learning.py " + " ".join(sys.argv[1:]),
+        "target": args.target,
+        "temperature": 0.0,
+        "stream": f"category:{args.category}",
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_tokens,
+        "threads": os.cpu_count(),
+        "load_average": load_average,
         "same_text": all(len({record[name]["text"] for name in methods}) == 1 for record in records),
         "methods": {name: summary([record[name] for record in records], args.block) for name in methods},
     }
@@ -69,21 +83,31 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     plot(results, out / "learning.png", args.block)
-    print(json.dumps({name: {key: value for key, value in method.items() if key != "per_block"}
-                      for name, method in results["methods"].items()}, indent=1))
+    print(
+        json.dumps(
+            {
+                name: {key: value for key, value in method.items() if key != "per_block"}
+                for name, method in results["methods"].items()
+            },
+            indent=1,
+        )
+    )
 
 
 def run_stream(servers: dict, model: str, prompts: list[str], max_tokens: int) -> list[dict]:
     """Each prompt to every server (the order alternates), greedy -> per prompt, per server: text and stats."""
-    clients = {name: openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=3600)
-               for name, (_, url) in servers.items()}
+    clients = {
+        name: openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=3600)
+        for name, (_, url) in servers.items()
+    }
     names = list(clients)
     records = []
     for index, prompt in enumerate(tqdm(prompts, desc="requests", unit="request")):
         record = {}
         for name in names if index % 2 == 0 else names[::-1]:
             answer = clients[name].chat.completions.create(
-                model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0)
+                model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0
+            )
             record[name] = {"text": answer.choices[0].message.content, **answer.usage.model_extra["spec_decode"]}
         records.append(record)
     return records
@@ -91,14 +115,19 @@ def run_stream(servers: dict, model: str, prompts: list[str], max_tokens: int) -
 
 def summary(stats: list[dict], block: int) -> dict:
     """The method's figures over the whole stream, and per block of `block` requests."""
+
     def total(part: list[dict]) -> dict:
         sums = {key: sum(entry[key] for entry in part) for key in SUMMED}
         return {
             "tokens_per_s": sums["new_tokens"] / sums["wall_s"],
             "tau": sums["new_tokens"] / max(1, sums["num_verifications"]),
-            "acceptance_rate": sums["num_accepted_tokens"] / sums["num_draft_tokens"] if sums["num_draft_tokens"] else None,
-            "rounds": sums["num_verifications"], **{key: sums[key] for key in ("new_tokens", "wall_s", "learn_s")},
+            "acceptance_rate": sums["num_accepted_tokens"] / sums["num_draft_tokens"]
+            if sums["num_draft_tokens"]
+            else None,
+            "rounds": sums["num_verifications"],
+            **{key: sums[key] for key in ("new_tokens", "wall_s", "learn_s")},
         }
+
     return {**total(stats), "per_block": [total(stats[start : start + block]) for start in range(0, len(stats), block)]}
 
 

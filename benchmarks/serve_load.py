@@ -34,8 +34,12 @@ def main() -> None:
     parser.add_argument("--api-key", default=os.environ.get("EVOSPEC_API_KEY", "none"))
     parser.add_argument("--target", help="for the server this script starts")
     parser.add_argument("--drafter", action="append", default=[], help="for the server this script starts (repeatable)")
-    parser.add_argument("--server-arg", action="append", default=[],
-                        help="one more argument for the server this script starts, e.g. --server-arg=--k=3")
+    parser.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="one more argument for the server this script starts, e.g. --server-arg=--k=3",
+    )
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--requests", type=int, default=25, help="per client")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -53,8 +57,12 @@ def main() -> None:
         if process:
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=60)
-    results = {"command": "python benchmarks/serve_load.py " + " ".join(sys.argv[1:]), "url": url, "model": model,
-               **results}
+    results = {
+        "command": "python benchmarks/serve_load.py " + " ".join(sys.argv[1:]),
+        "url": url,
+        "model": model,
+        **results,
+    }
     print(json.dumps(results, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
@@ -65,8 +73,18 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "evospec.cli", "serve", "--target", args.target, "--port", str(port),
-               *(f"--drafter={drafter}" for drafter in args.drafter), *args.server_arg]
+    command = [
+        sys.executable,
+        "-m",
+        "evospec.cli",
+        "serve",
+        "--target",
+        args.target,
+        "--port",
+        str(port),
+        *(f"--drafter={drafter}" for drafter in args.drafter),
+        *args.server_arg,
+    ]
     if args.model:
         command.append(f"--served-model-name={args.model}")
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sys.stderr)
@@ -81,8 +99,9 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     raise SystemExit(f"the server exited with status {process.returncode}")
 
 
-async def run_load(url: str, model: str, api_key: str, prompts: list[str], clients: int, requests: int,
-                   max_tokens: int) -> dict:
+async def run_load(
+    url: str, model: str, api_key: str, prompts: list[str], clients: int, requests: int, max_tokens: int
+) -> dict:
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=3600)
     settings = {"model": model, "max_tokens": max_tokens, "temperature": 0}
 
@@ -96,8 +115,12 @@ async def run_load(url: str, model: str, api_key: str, prompts: list[str], clien
         start = time.perf_counter()
         first = None
         pieces, finish_reason, usage = [], None, None
-        stream = await client.chat.completions.create(messages=[{"role": "user", "content": prompt}], stream=True,
-                                                      stream_options={"include_usage": True}, **settings)
+        stream = await client.chat.completions.create(
+            messages=[{"role": "user", "content": prompt}],
+            stream=True,
+            stream_options={"include_usage": True},
+            **settings,
+        )
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 first = first or time.perf_counter()
@@ -108,9 +131,12 @@ async def run_load(url: str, model: str, api_key: str, prompts: list[str], clien
         end = time.perf_counter()
         first = first or end
         tokens = usage.completion_tokens if usage else 0
-        return {"ok": finish_reason is not None and usage is not None and "".join(pieces) == expected[prompt],
-                "ttft_s": first - start, "tokens": tokens,
-                "tokens_per_s": (tokens - 1) / (end - first) if tokens > 1 and end > first else None}
+        return {
+            "ok": finish_reason is not None and usage is not None and "".join(pieces) == expected[prompt],
+            "ttft_s": first - start,
+            "tokens": tokens,
+            "tokens_per_s": (tokens - 1) / (end - first) if tokens > 1 and end > first else None,
+        }
 
     async def one_client(index: int) -> list[dict]:
         results = []
@@ -126,10 +152,15 @@ async def run_load(url: str, model: str, api_key: str, prompts: list[str], clien
     wall = time.perf_counter() - start
     done = [result for result in results if "ttft_s" in result]
     return {
-        "clients": clients, "requests_per_client": requests, "max_tokens": max_tokens, "prompts": len(prompts),
-        "requests": len(results), "failures": sum(not result["ok"] for result in results),
+        "clients": clients,
+        "requests_per_client": requests,
+        "max_tokens": max_tokens,
+        "prompts": len(prompts),
+        "requests": len(results),
+        "failures": sum(not result["ok"] for result in results),
         "errors": sorted({result["error"] for result in results if "error" in result})[:5],
-        "wall_s": round(wall, 2), "aggregate_tokens_per_s": round(sum(r["tokens"] for r in done) / wall, 2),
+        "wall_s": round(wall, 2),
+        "aggregate_tokens_per_s": round(sum(r["tokens"] for r in done) / wall, 2),
         "ttft_s": percentiles([r["ttft_s"] for r in done]),
         "tokens_per_s": percentiles([r["tokens_per_s"] for r in done if r["tokens_per_s"] is not None]),
     }

@@ -58,29 +58,50 @@ def main() -> None:
     target_s = median_s(target_step)
     print(f"{args.target}: one target step (with hidden states) {target_s * 1e3:.1f} ms")
     sampler = Sampler(SamplingConfig())
-    results = {"target": args.target, "backend": target.backend, "target_step_ms": target_s * 1e3,
-               "threads": torch.get_num_threads(), "drafters": []}
+    results = {
+        "target": args.target,
+        "backend": target.backend.name,
+        "target_step_ms": target_s * 1e3,
+        "threads": torch.get_num_threads(),
+        "drafters": [],
+    }
     for kind in WHITE_BOX_KINDS:
         for head_vocab in args.head_vocab or [WhiteBoxConfig(kind, 0).head_vocab]:
-            drafter = new_white_box_drafter(kind, target, config=WhiteBoxConfig(kind, target.hidden_size, head_vocab=head_vocab))
+            drafter = new_white_box_drafter(
+                kind, target, config=WhiteBoxConfig(kind, target.hidden_size, head_vocab=head_vocab)
+            )
             feedback = RoundFeedback(
-                request=1, position=0, drafter=None, tokens=torch.tensor(context[:-1]), drafted=torch.empty(0, dtype=torch.long),
-                num_accepted=0, hidden=torch.randn(CONTEXT - 1, target.hidden_size),
-                top_ids=torch.zeros(CONTEXT - 1, 1, dtype=torch.long), top_probs=torch.zeros(CONTEXT - 1, 1),
+                request=1,
+                position=0,
+                drafter=None,
+                tokens=torch.tensor(context[:-1]),
+                drafted=torch.empty(0, dtype=torch.long),
+                num_accepted=0,
+                hidden=torch.randn(CONTEXT - 1, target.hidden_size),
+                top_ids=torch.zeros(CONTEXT - 1, 1, dtype=torch.long),
+                top_probs=torch.zeros(CONTEXT - 1, 1),
             )
 
-            def draft(k: int) -> None:
+            def draft(k: int, drafter=drafter, feedback=feedback) -> None:
                 drafter.begin(context[:-10], ())  # eagle catches up on the same 10 verified tokens each time
                 drafter.observe(feedback)
                 drafter.propose(context, k, sampler)
 
             one, four = median_s(lambda: draft(1), target_step), median_s(lambda: draft(4), target_step)
             step = (four - one) / 3
-            row = {"kind": kind, "head_vocab": head_vocab, "params": sum(p.numel() for p in drafter.module.parameters()),
-                   "first_token_ms": one * 1e3, "next_token_ms": step * 1e3, "next_token_share": step / target_s}
+            row = {
+                "kind": kind,
+                "head_vocab": head_vocab,
+                "params": sum(p.numel() for p in drafter.module.parameters()),
+                "first_token_ms": one * 1e3,
+                "next_token_ms": step * 1e3,
+                "next_token_share": step / target_s,
+            }
             results["drafters"].append(row)
-            print(f"{kind} (head {head_vocab} tokens): first token {one * 1e3:.1f} ms (with catch-up), "
-                  f"each next {step * 1e3:.1f} ms = {100 * step / target_s:.1f}% of a target step")
+            print(
+                f"{kind} (head {head_vocab} tokens): first token {one * 1e3:.1f} ms (with catch-up), "
+                f"each next {step * 1e3:.1f} ms = {100 * step / target_s:.1f}% of a target step"
+            )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "white_box_cost.json").write_text(json.dumps(results, indent=2) + "\n")

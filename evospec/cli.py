@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -32,19 +33,31 @@ DEMO_K = 64  # long drafts: where a CPU gains from speculation
 
 def _add_generation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=DEFAULTS.num_speculative_tokens, help="draft length per round")
-    parser.add_argument("--adaptive-k", action="store_true",
-                        help="choose the draft length each round (at most --k) from the target's measured "
-                             "forward cost and the drafter's acceptance")
+    parser.add_argument(
+        "--adaptive-k",
+        action="store_true",
+        help="choose the draft length each round (at most --k) from the target's measured "
+        "forward cost and the drafter's acceptance",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens)
     _add_backend_options(parser)
 
 
-def _add_backend_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=BACKENDS, help="default: llamacpp for GGUF files and zoo aliases on a CPU, hf otherwise")
+def _add_backend_options(parser: argparse.ArgumentParser, verifies: bool = True) -> None:
+    """--backend and --dtype, and --exact-verify for the commands that verify drafts."""
+    parser.add_argument(
+        "--backend", choices=BACKENDS, help="default: llamacpp for GGUF files and zoo aliases on a CPU, hf otherwise"
+    )
     parser.add_argument("--dtype", choices=DTYPES, help=f"hf backend only (default {DEFAULT_DTYPE})")
-    parser.add_argument("--exact-verify", action="store_true",
-                        help="llama.cpp: verify in calls of at most 3 rows, each computed as a one-token step, so "
-                             "the output is plain decoding's bit for bit where the kernels allow (slower)")
+    if not verifies:
+        parser.set_defaults(exact_verify=LoadConfig.exact_verify)
+        return
+    parser.add_argument(
+        "--exact-verify",
+        action="store_true",
+        help="llama.cpp: verify in calls of at most 3 rows, each computed as a one-token step, so "
+        "the output is plain decoding's bit for bit where the kernels allow (slower)",
+    )
 
 
 def _load_config(args: argparse.Namespace) -> LoadConfig:
@@ -54,30 +67,67 @@ def _load_config(args: argparse.Namespace) -> LoadConfig:
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="zoo alias, local directory, .gguf file or HF id")
-    parser.add_argument("--drafter", action="append",
-                        help="none | ngram | suffix | prediction | eagle[:CHECKPOINT] | hydra[:CHECKPOINT] | lm:MODEL (or just MODEL) | "
-                             "lora:MODEL (a small LM whose adapters --learner trains); "
-                             "repeat for a selector to pick among")
-    parser.add_argument("--selector", help="ucb-bd (default with several drafters) | ucb-be | ucb-speed | exp3 | thompson | "
-                                           "thompson-speed | egreedy | round-robin | fixed:NAME")
+    parser.add_argument(
+        "--drafter",
+        action="append",
+        help="none | ngram | suffix | prediction | eagle[:CHECKPOINT] | hydra[:CHECKPOINT] | "
+        "lm:MODEL (or just MODEL) | "
+        "lora:MODEL (a small LM whose adapters --learner trains); "
+        "repeat for a selector to pick among",
+    )
+    parser.add_argument(
+        "--selector",
+        help="ucb-bd (default with several drafters) | ucb-be | ucb-speed | exp3 | thompson | "
+        "thompson-speed | egreedy | round-robin | fixed:NAME",
+    )
     learning = parser.add_argument_group("online learning (eagle, hydra and lora:MODEL drafters)")
-    learning.add_argument("--learner", choices=[NO_LEARNER, *LEARNERS], default=NO_LEARNER,
-                          help="train every learnable drafter while it serves (default: none, frozen)")
-    learning.add_argument("--lr", type=float, default=LEARNING.lr, help="learning rate (the ensemble's smallest)")
-    learning.add_argument("--learn-schedule", choices=SCHEDULES, default=LEARNING.schedule,
-                          help="step every --learn-every rounds, after each request, or after every --learn-every requests")
-    learning.add_argument("--learn-every", type=int, default=LEARNING.every)
-    learning.add_argument("--buffer-rows", type=int, default=LEARNING.buffer_rows,
-                          help="feedback rows (verified positions) kept for learning")
-    learning.add_argument("--learn-prompt-rows", type=int, default=LEARNING.prompt_rows,
-                          help="eagle, hydra: learn from this many of a prompt's last rows while answering it, a step a round (0: never)")
+    learning.add_argument(
+        "--learner",
+        choices=[NO_LEARNER, *LEARNERS],
+        default=NO_LEARNER,
+        help="train every learnable drafter while it serves (default: none, frozen)",
+    )
+    _add_learning_options(learning)
     _add_generation_options(parser)
+
+
+def _add_learning_options(group) -> None:
+    """How learners learn (generate and serve with --learner; bench for its learning methods)."""
+    group.add_argument("--lr", type=float, default=LEARNING.lr, help="learning rate (the ensemble's smallest)")
+    group.add_argument(
+        "--learn-schedule",
+        choices=SCHEDULES,
+        default=LEARNING.schedule,
+        help="step every --learn-every rounds, after each request, or after every --learn-every requests",
+    )
+    _add_int_options(
+        group,
+        ("--learn-every", LEARNING.every, "rounds (or requests, by the schedule) between learning steps"),
+        ("--buffer-rows", LEARNING.buffer_rows, "feedback rows kept for learning"),
+        (
+            "--learn-prompt-rows",
+            LEARNING.prompt_rows,
+            "eagle, hydra: learn from this many of a prompt's last rows while answering it, a step a round (0: never)",
+        ),
+    )
+
+
+def _add_int_options(parser, *options: tuple[str, int | None, str]) -> None:
+    """Integer options, each (flag, default, help)."""
+    for flag, default, description in options:
+        parser.add_argument(flag, type=int, default=default, help=description)
 
 
 def _learner_config(args: argparse.Namespace) -> LearnerConfig:
     batch_rows = min(LEARNING.batch_rows, args.buffer_rows)
-    return LearnerConfig(lr=args.lr, schedule=args.learn_schedule, every=args.learn_every,
-                         buffer_rows=args.buffer_rows, batch_rows=max(2, batch_rows), prompt_rows=args.learn_prompt_rows)
+    return LearnerConfig(
+        lr=args.lr,
+        schedule=args.learn_schedule,
+        every=args.learn_every,
+        buffer_rows=args.buffer_rows,
+        batch_rows=max(2, batch_rows),
+        prompt_rows=args.learn_prompt_rows,
+    )
 
 
 def _generation_config(args: argparse.Namespace, **overrides) -> GenerationConfig:
@@ -121,7 +171,9 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
         if args.learner != NO_LEARNER:
             learners = [build_learner(args.learner, d, learner_config) for d in drafters if d.learnable]
             if not learners:
-                raise EvospecError(f"--learner {args.learner} trains eagle, hydra or lora:MODEL drafters; none was given")
+                raise EvospecError(
+                    f"--learner {args.learner} trains eagle, hydra or lora:MODEL drafters; none was given"
+                )
         return TextGenerator(target, build_engine(target, drafters, draft_length, selector, learners, cost))
 
     return load
@@ -144,7 +196,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
     config = _generation_config(args)  # validate settings before loading GBs of weights
     from evospec.drafters.prediction import PREDICTION
 
-    if args.prediction is not None and args.drafter and PREDICTION not in (spec.partition(":")[0] for spec in args.drafter):
+    if (
+        args.prediction is not None
+        and args.drafter
+        and PREDICTION not in (spec.partition(":")[0] for spec in args.drafter)
+    ):
         raise EvospecError(f"--prediction is drafted by the {PREDICTION} drafter: add --drafter {PREDICTION}")
     prediction = _read_prediction(args.prediction)
     if prediction is not None and not args.drafter:
@@ -154,10 +210,16 @@ def cmd_generate(args: argparse.Namespace) -> None:
     if args.json:
         for _ in stream:
             pass
-        print(json.dumps({
-            "text": stream.text, "token_ids": stream.token_ids,
-            "finish_reason": stream.finish_reason, "stats": stream.stats.to_dict(),
-        }))
+        print(
+            json.dumps(
+                {
+                    "text": stream.text,
+                    "token_ids": stream.token_ids,
+                    "finish_reason": stream.finish_reason,
+                    "stats": stream.stats.to_dict(),
+                }
+            )
+        )
         return
     for piece in stream:
         print(piece, end="", flush=True)
@@ -173,12 +235,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     defaults = _generation_config(args)  # check everything before the server starts loading the model
     load_generator = _generator_loader(args, defaults)
-    config = ServerConfig(
-        host=args.host, port=args.port, api_key=args.api_key, save_every=args.save_every,
-        state_dir=Path(args.state_dir) if args.state_dir else None, max_prompt_tokens=args.max_prompt_tokens,
-        max_prediction_tokens=args.max_prediction_tokens,
-        max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
-    )
+    # The options are named as ServerConfig's fields.
+    named = {
+        field.name: getattr(args, field.name) for field in dataclasses.fields(ServerConfig) if field.name != "state_dir"
+    }
+    config = ServerConfig(**named, state_dir=Path(args.state_dir) if args.state_dir else None)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
 
     def load() -> Served:
@@ -204,8 +265,13 @@ def cmd_models(args: argparse.Namespace) -> None:
     table = Table(Column("alias", no_wrap=True), "GGUF size", "pulled", "licence", Column("upstream", overflow="fold"))
     for status in list_zoo():
         entry = status.entry
-        table.add_row(entry.alias, f"{entry.size / 2**20:.0f} MiB", "yes" if status.pulled else "no",
-                      entry.licence, entry.upstream)
+        table.add_row(
+            entry.alias,
+            f"{entry.size / 2**20:.0f} MiB",
+            "yes" if status.pulled else "no",
+            entry.licence,
+            entry.upstream,
+        )
     Console().print(table)
 
 
@@ -231,7 +297,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         out_dir=Path(args.out),
         command="evospec " + shlex.join(sys.argv[1:]),
         white_box=Path(args.white_box).expanduser() if args.white_box else None,
-        learning=LearnerConfig(lr=args.lr, every=args.learn_every, prompt_rows=args.learn_prompt_rows),
+        learning=_learner_config(args),
         load=_load_config(args),
     )
     run_bench(settings)
@@ -242,14 +308,24 @@ def cmd_train_drafter(args: argparse.Namespace) -> None:
     from evospec.distill import check_run, distill
     from evospec.models.loading import load_model
 
-    config = DistillConfig(
-        data=args.data, samples=args.samples, max_new_tokens=args.max_new_tokens, epochs=args.epochs, lr=args.lr,
-        batch_rows=args.batch_rows, head_vocab=args.head_vocab, save_every=args.save_every, max_steps=args.max_steps,
-        resume=args.resume, start_from=args.start_from, seed=args.seed,
-    )
+    options = (
+        "data",
+        "samples",
+        "max_new_tokens",
+        "epochs",
+        "lr",
+        "batch_rows",
+        "head_vocab",
+        "save_every",
+        "max_steps",
+        "resume",
+        "start_from",
+        "seed",
+    )  # named as DistillConfig's fields
+    config = DistillConfig(**{name: getattr(args, name) for name in options})
     out = Path(args.out).expanduser()
     check_run(args.kind, out, config)  # the corpus and the output directory, before loading the target
-    target = load_model(args.target, args.backend, LoadConfig(dtype=args.dtype))
+    target = load_model(args.target, args.backend, _load_config(args))
     print(distill(target, args.kind, out, config).describe())
 
 
@@ -267,9 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--stop", action="append", help="stop before this string (repeatable)")
     generate.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     generate.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
-    generate.add_argument("--prediction", metavar="FILE",
-                          help="text the output will repeat much of, e.g. the code being edited ('-': stdin); "
-                               "drafted by the prediction drafter (the default drafter with this option)")
+    generate.add_argument(
+        "--prediction",
+        metavar="FILE",
+        help="text the output will repeat much of, e.g. the code being edited ('-': stdin); "
+        "drafted by the prediction drafter (the default drafter with this option)",
+    )
     generate.set_defaults(handler=cmd_generate)
 
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, chat, metrics)")
@@ -277,16 +356,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", help="the model name clients send (default: --target)")
     serve.add_argument("--host", default=SERVER.host, help="address to listen on (default: loopback only)")
     serve.add_argument("--port", type=int, default=SERVER.port)
-    serve.add_argument("--api-key", default=os.environ.get("EVOSPEC_API_KEY"),
-                       help="require 'Authorization: Bearer KEY' on all routes but /health (default: $EVOSPEC_API_KEY)")
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("EVOSPEC_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on all routes but /health (default: $EVOSPEC_API_KEY)",
+    )
     serve.add_argument("--state-dir", help="save learned state here and restore it at start (default: keep nothing)")
     serve.add_argument("--save-every", type=int, default=SERVER.save_every, help="requests between saves of the state")
-    serve.add_argument("--max-prompt-tokens", type=int, default=SERVER.max_prompt_tokens)
-    serve.add_argument("--max-prediction-tokens", type=int, default=SERVER.max_prediction_tokens,
-                       help="the longest prediction (OpenAI Predicted Outputs) a request may send")
-    serve.add_argument("--max-tokens-limit", type=int, default=SERVER.max_tokens_limit,
-                       help="the largest max_tokens a request may ask for (--max-new-tokens: when it asks for none)")
-    serve.add_argument("--max-body-bytes", type=int, default=SERVER.max_body_bytes)
+    _add_int_options(  # what a request may ask for
+        serve,
+        ("--max-prompt-tokens", SERVER.max_prompt_tokens, "the longest prompt"),
+        ("--max-prediction-tokens", SERVER.max_prediction_tokens, "the longest prediction (OpenAI Predicted Outputs)"),
+        ("--max-tokens-limit", SERVER.max_tokens_limit, "the most max_tokens (none asked: --max-new-tokens)"),
+        ("--max-body-bytes", SERVER.max_body_bytes, "the largest request body"),
+    )
     serve.set_defaults(handler=cmd_serve)
 
     pull = commands.add_parser("pull", help="download, verify and convert zoo models")
@@ -296,8 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="list the model zoo")
     models.set_defaults(handler=cmd_models)
 
-    demo = commands.add_parser("demo", help="where speculation pays and where it does not: an edit, a summary, a chat, "
-                                             "each against plain decoding")
+    demo = commands.add_parser(
+        "demo",
+        help="where speculation pays and where it does not: an edit, a summary, a chat, each against plain decoding",
+    )
     demo.add_argument("--target", default=DEFAULT_TARGET)
     demo.add_argument("--k", type=int, default=DEMO_K, help="the longest draft the adaptive length may verify")
     _add_backend_options(demo)
@@ -307,19 +392,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--target", default=DEFAULT_TARGET)
     bench.add_argument("--draft-model", default=DEFAULT_DRAFT_MODEL)
     bench.add_argument("--method", action="append", help="a method to run (repeatable); default: the suite's")
-    bench.add_argument("--suite", choices=SUITES, default="engine",
-                       help="engine: baselines and each drafter; selection: each drafter, every selector, the oracle; "
-                            "edit: baselines and the model-free drafters (ngram, suffix, prediction) with adaptive k; "
-                            "learning: the --white-box drafter frozen and with each learner")
-    bench.add_argument("--stream", default="mixed",
-                       help="mixed or domain-shift (Spec-Bench, category after category), category:NAME, edit "
-                            "(code edits with the original as the prediction), or several joined by '+' "
-                            "(e.g. edit+summarization+rag); streams of several categories plot tau per block")
+    bench.add_argument(
+        "--suite",
+        choices=SUITES,
+        default="engine",
+        help="engine: baselines and each drafter; selection: each drafter, every selector, the oracle; "
+        "edit: baselines and the model-free drafters (ngram, suffix, prediction) with adaptive k; "
+        "learning: the --white-box drafter frozen and with each learner",
+    )
+    bench.add_argument(
+        "--stream",
+        default="mixed",
+        help="mixed or domain-shift (Spec-Bench, category after category), category:NAME, edit "
+        "(code edits with the original as the prediction), or several joined by '+' "
+        "(e.g. edit+summarization+rag); streams of several categories plot tau per block",
+    )
     bench.add_argument("--white-box", metavar="CHECKPOINT", help="an eagle or hydra checkpoint (evospec train-drafter)")
-    bench.add_argument("--lr", type=float, default=LEARNING.lr, help="the learners' learning rate")
-    bench.add_argument("--learn-every", type=int, default=LEARNING.every, help="rounds between learning steps")
-    bench.add_argument("--learn-prompt-rows", type=int, default=LEARNING.prompt_rows,
-                       help="prompt rows the learners learn from while answering each prompt (0: never)")
+    _add_learning_options(bench.add_argument_group("how the learning methods learn"))
     bench.add_argument("--per-category", type=int, default=5)
     bench.add_argument("--out", default="benchmarks/latest", help="directory for results.json, results.md, plot")
     _add_generation_options(bench)
@@ -328,28 +417,39 @@ def build_parser() -> argparse.ArgumentParser:
     from evospec.config import DistillConfig  # here, not at the top: only this command's options need it
 
     warm = DistillConfig()
-    train = commands.add_parser("train-drafter", help="warm up an eagle or hydra drafter offline, distilled from the target")
+    train = commands.add_parser(
+        "train-drafter", help="warm up an eagle or hydra drafter offline, distilled from the target"
+    )
     train.add_argument("--target", required=True, help="zoo alias, local directory, .gguf file or HF id")
     train.add_argument("--kind", required=True, help="eagle | hydra")
-    train.add_argument("--out", required=True, help="directory for the checkpoint, the optimizer state and the cached traces")
-    train.add_argument("--data", default=warm.data,
-                       help="gsm8k (GSM8K train questions, shipped), a .jsonl file (field question, prompt or text) "
-                            "or a .txt file (one prompt a line)")
-    train.add_argument("--samples", type=int, default=warm.samples,
-                       help=f"prompts the target answers; the last {warm.holdout * 100:.0f}%% are held out to measure agreement")
-    train.add_argument("--max-new-tokens", type=int, default=warm.max_new_tokens, help="longest answer per prompt")
-    train.add_argument("--epochs", type=int, default=warm.epochs)
+    train.add_argument(
+        "--out", required=True, help="directory for the checkpoint, the optimizer state and the cached traces"
+    )
+    train.add_argument(
+        "--data",
+        default=warm.data,
+        help="gsm8k (GSM8K train questions, shipped), a .jsonl file (field question, prompt or text) "
+        "or a .txt file (one prompt a line)",
+    )
+    _add_int_options(
+        train,
+        ("--samples", warm.samples, f"prompts the target answers; the last {warm.holdout * 100:.0f}%% are held out"),
+        ("--max-new-tokens", warm.max_new_tokens, "longest answer per prompt"),
+        ("--epochs", warm.epochs, "passes over the traces"),
+        ("--batch-rows", warm.batch_rows, "trace rows per step"),
+        (
+            "--head-vocab",
+            warm.head_vocab,
+            "tokens the drafter can propose, the target's most frequent (default: its own)",
+        ),
+        ("--save-every", warm.save_every, "steps between checkpoints"),
+        ("--max-steps", warm.max_steps, "stop after this many steps in all"),
+        ("--seed", warm.seed, "the drafter's first weights and each epoch's order"),
+    )
     train.add_argument("--lr", type=float, default=warm.lr, help="Adam's learning rate")
-    train.add_argument("--batch-rows", type=int, default=warm.batch_rows, help="trace rows per step")
-    train.add_argument("--head-vocab", type=int, default=warm.head_vocab,
-                       help="tokens the drafter can propose, the target's most frequent (default: the drafter's own)")
-    train.add_argument("--save-every", type=int, default=warm.save_every, help="steps between checkpoints")
-    train.add_argument("--max-steps", type=int, default=warm.max_steps, help="stop after this many steps in all")
-    train.add_argument("--seed", type=int, default=warm.seed)
     train.add_argument("--resume", action="store_true", help="go on from the checkpoint and traces in --out")
     train.add_argument("--from", dest="start_from", metavar="CHECKPOINT", help="start from a saved drafter's weights")
-    train.add_argument("--backend", choices=BACKENDS, help="default: llamacpp for GGUF files and zoo aliases on a CPU, hf otherwise")
-    train.add_argument("--dtype", choices=DTYPES, help=f"hf backend only (default {DEFAULT_DTYPE})")
+    _add_backend_options(train, verifies=False)
     train.set_defaults(handler=cmd_train_drafter)
     return parser
 

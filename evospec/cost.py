@@ -26,6 +26,8 @@ COST_CONTEXT_TOKENS = 128  # tokens already cached when the forwards are timed
 COST_REPEATS = 5  # timings per size; the median is kept
 DENSE_SIZES = 8  # sizes 1..8 are each measured; larger ones on the sparse grid below
 SPARSE_SIZES = (12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
 def measured_sizes(max_tokens: int) -> tuple[int, ...]:
     """The forward sizes timed for a curve up to max_tokens: 1..8, then the sparse grid, then max_tokens."""
     if max_tokens < 1:

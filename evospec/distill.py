@@ -34,9 +34,9 @@ from tqdm.auto import tqdm
 from evospec.config import DistillConfig, GenerationConfig
 from evospec.drafters.registry import WHITE_BOX_KINDS, new_white_box_drafter
 from evospec.drafters.whitebox import ReducedVocab, WhiteBoxConfig, WhiteBoxDrafter
-from evospec.files import save_tensors_atomically
 from evospec.engine import FEEDBACK_TOP_K
 from evospec.errors import EvospecError
+from evospec.files import save_tensors_atomically
 from evospec.generation import build_engine, encode_prompt
 from evospec.learnable import Trace
 from evospec.learning.buffer import packed, window_spans
@@ -67,9 +67,12 @@ class Sample:
     def trace(self, start: int, end: int) -> Trace:
         """Positions start..end-1 as a training trace."""
         return Trace(
-            tokens=self.tokens[start:end], prefix=self.tokens[:start], hidden=self.hidden[start:end].float(),
+            tokens=self.tokens[start:end],
+            prefix=self.tokens[:start],
+            hidden=self.hidden[start:end].float(),
             top_ids=self.top_ids[start:end],
-            top_probs=self.top_probs[start:end], rejected=torch.zeros(end - start, dtype=torch.bool),
+            top_probs=self.top_probs[start:end],
+            rejected=torch.zeros(end - start, dtype=torch.bool),
         )
 
 
@@ -95,13 +98,16 @@ class DistillResult:
         lines = [
             f"{self.kind} drafter saved to {self.out}",
             f"samples: {self.samples} ({self.samples - self.held_out} trained on, {self.held_out} held out; "
-            f"{self.collected} collected, {self.reused} cached" + (f"; {self.skipped} too long, skipped)" if self.skipped else ")"),
+            f"{self.collected} collected, {self.reused} cached"
+            + (f"; {self.skipped} too long, skipped)" if self.skipped else ")"),
             f"rows: {self.train_rows} per epoch, {self.held_out_rows} held out",
             f"steps: {self.steps}, final loss {_number(self.final_loss)}",
         ]
         if self.agreement is not None:
-            lines.append(f"held-out top-1 agreement: {self.agreement[0]:.3f} -> {self.agreement[1]:.3f} "
-                         f"(loss {self.held_out_loss[0]:.3f} -> {self.held_out_loss[1]:.3f})")
+            lines.append(
+                f"held-out top-1 agreement: {self.agreement[0]:.3f} -> {self.agreement[1]:.3f} "
+                f"(loss {self.held_out_loss[0]:.3f} -> {self.held_out_loss[1]:.3f})"
+            )
         return "\n".join(lines)
 
 
@@ -114,7 +120,9 @@ def check_run(kind: str, out: Path, config: DistillConfig) -> list[str]:
     if kind not in WHITE_BOX_KINDS:
         raise EvospecError(f"unknown drafter kind {kind!r}; train-drafter trains {' or '.join(WHITE_BOX_KINDS)}")
     if (out / "drafter.json").exists() and not config.resume:
-        raise EvospecError(f"{out} already holds a drafter checkpoint; add --resume to go on with it, or choose another --out")
+        raise EvospecError(
+            f"{out} already holds a drafter checkpoint; add --resume to go on with it, or choose another --out"
+        )
     if out.exists() and not out.is_dir():
         raise EvospecError(f"--out {out} is a file, not a directory")
     if config.start_from is not None and not (Path(config.start_from).expanduser() / "drafter.json").is_file():
@@ -211,9 +219,17 @@ def distill(target: LoadedModel, kind: str, out: Path, config: DistillConfig, pr
     # 5. How often the drafter's first choice is the target's on the held-out samples.
     after = _evaluate(drafter, test_traces)
     return DistillResult(
-        out=out, kind=kind, samples=len(samples), held_out=held_out, collected=collection.collected,
-        reused=collection.reused, skipped=collection.skipped, train_rows=sum(end - start - 1 for _, start, end in windows),
-        held_out_rows=sum(trace.length - 1 for trace in test_traces), steps=step, final_loss=loss,
+        out=out,
+        kind=kind,
+        samples=len(samples),
+        held_out=held_out,
+        collected=collection.collected,
+        reused=collection.reused,
+        skipped=collection.skipped,
+        train_rows=sum(end - start - 1 for _, start, end in windows),
+        held_out_rows=sum(trace.length - 1 for trace in test_traces),
+        steps=step,
+        final_loss=loss,
         held_out_loss=(before[0], after[0]) if test_traces else None,
         agreement=(before[1], after[1]) if test_traces else None,
     )
@@ -229,8 +245,9 @@ class Collection:
     skipped: int  # prompts that do not fit the target's context
 
 
-def collect(target: LoadedModel, prompts: list[str], directory: Path, config: DistillConfig,
-            progress: bool = True) -> Collection:
+def collect(
+    target: LoadedModel, prompts: list[str], directory: Path, config: DistillConfig, progress: bool = True
+) -> Collection:
     """The target's greedy answer to each prompt (chat template when it has one) and what it says at
     every position of prompt + answer; cached in directory, one file per prompt, so none is answered twice."""
     cache = _TraceCache(directory, target, config.max_new_tokens)
@@ -244,7 +261,9 @@ def collect(target: LoadedModel, prompts: list[str], directory: Path, config: Di
             continue
         sample = cache.load(index, prompt_ids)
         if sample is None:
-            answer = list(engine.generate(prompt_ids, GenerationConfig(max_new_tokens=config.max_new_tokens), SpecStats()))
+            answer = list(
+                engine.generate(prompt_ids, GenerationConfig(max_new_tokens=config.max_new_tokens), SpecStats())
+            )
             sample = _target_pass(lm, prompt_ids + answer, len(prompt_ids), config.forward_rows)
             cache.save(index, prompt_ids, sample)
             collected += 1
@@ -262,14 +281,18 @@ def _resumed_drafter(kind: str, target: LoadedModel, out: Path, config: DistillC
     meta = json.loads((out / "drafter.json").read_text())
     run = meta.get("distill")
     if run is None:
-        raise EvospecError(f"{out} holds a drafter that train-drafter did not make; start a new run from it with --from {out}")
+        raise EvospecError(
+            f"{out} holds a drafter that train-drafter did not make; start a new run from it with --from {out}"
+        )
     if run["target"] != target.name:
         raise EvospecError(f"{out} was trained for target '{run['target']}', not '{target.name}'")
     for name, value in _settings(config).items():
         if run["settings"].get(name) != value:
             option = {"start_from": "from"}.get(name, name).replace("_", "-")
-            raise EvospecError(f"{out} was trained with --{option} {run['settings'].get(name)}, not {value}; "
-                               "resume with the same settings or choose another --out")
+            raise EvospecError(
+                f"{out} was trained with --{option} {run['settings'].get(name)}, not {value}; "
+                "resume with the same settings or choose another --out"
+            )
     drafter.version = int(meta.get("drafter_version", 0))
     return drafter, run
 
@@ -337,19 +360,31 @@ class _TraceCache:
         return Sample(tensors["tokens"], tensors["hidden"], tensors["top_ids"], tensors["top_probs"], len(prompt_ids))
 
     def save(self, index: int, prompt_ids: list[int], sample: Sample) -> None:
-        tensors = {"tokens": sample.tokens, "hidden": sample.hidden, "top_ids": sample.top_ids, "top_probs": sample.top_probs}
+        tensors = {
+            "tokens": sample.tokens,
+            "hidden": sample.hidden,
+            "top_ids": sample.top_ids,
+            "top_probs": sample.top_probs,
+        }
         self.directory.mkdir(parents=True, exist_ok=True)
-        save_tensors_atomically(tensors, self._path(index), {"key": self._key(prompt_ids), "prompt_length": str(len(prompt_ids))})
+        save_tensors_atomically(
+            tensors, self._path(index), {"key": self._key(prompt_ids), "prompt_length": str(len(prompt_ids))}
+        )
 
 
 def _windows(samples: list[Sample], size: int) -> list[tuple[int, int, int]]:
     """(sample index, start, end) of each sample's answer from the last prompt token on, in windows of
     at most `size` positions; consecutive windows share one position so that no row is lost."""
-    return [(index, start, stop) for index, sample in enumerate(samples)
-            for start, stop in window_spans(sample.prompt_length - 1, sample.tokens.numel(), size)]
+    return [
+        (index, start, stop)
+        for index, sample in enumerate(samples)
+        for start, stop in window_spans(sample.prompt_length - 1, sample.tokens.numel(), size)
+    ]
 
 
-def _batches(windows: list[tuple[int, int, int]], epoch: int, config: DistillConfig) -> list[list[tuple[int, int, int]]]:
+def _batches(
+    windows: list[tuple[int, int, int]], epoch: int, config: DistillConfig
+) -> list[list[tuple[int, int, int]]]:
     """The epoch's windows in a seeded order, packed into batches of at most batch_rows positions."""
     order = torch.randperm(len(windows), generator=torch.Generator().manual_seed((config.seed << 16) + epoch))
     shuffled = [windows[i] for i in order.tolist()]
@@ -402,13 +437,19 @@ def _load_optimizer(optimizer: torch.optim.Adam, drafter: WhiteBoxDrafter, out: 
             meta = file.metadata() or {}
         tensors = load_file(path)
     except (SafetensorError, OSError) as error:
-        raise EvospecError(f"{path}: no readable optimizer state to resume from ({error}); "
-                           f"start a new run from the weights with --from {out}") from error
+        raise EvospecError(
+            f"{path}: no readable optimizer state to resume from ({error}); "
+            f"start a new run from the weights with --from {out}"
+        ) from error
     if meta.get("format") != OPTIMIZER_FORMAT or meta.get("step") != str(step):
-        raise EvospecError(f"{path} is not the optimizer state of the checkpoint's step {step} (a save was cut short?); "
-                           f"start a new run from the weights with --from {out}")
+        raise EvospecError(
+            f"{path} is not the optimizer state of the checkpoint's step {step} (a save was cut short?); "
+            f"start a new run from the weights with --from {out}"
+        )
     index_of = {name: index for index, name in enumerate(_trainable_names(drafter))}
-    state = {index_of[name]: {"step": torch.tensor(float(count))} for name, count in json.loads(meta["param_steps"]).items()}
+    state = {
+        index_of[name]: {"step": torch.tensor(float(count))} for name, count in json.loads(meta["param_steps"]).items()
+    }
     for key, value in tensors.items():
         moment, _, name = key.partition(".")  # e.g. exp_avg.fc.weight
         state[index_of[name]][moment] = value

@@ -70,8 +70,13 @@ class AdaptiveConfig:
     exploration: float = 0.2  # scales the optimism bonus sqrt(log(rounds) / trials)
 
     def __post_init__(self) -> None:
-        if not (0 <= self.prior_acceptance < 1 and self.prior_weight > 0 and 0 < self.discount <= 1
-                and 0 < self.free_check_discount <= 1 and self.margin >= 1):
+        if not (
+            0 <= self.prior_acceptance < 1
+            and self.prior_weight > 0
+            and 0 < self.discount <= 1
+            and 0 < self.free_check_discount <= 1
+            and self.margin >= 1
+        ):
             raise EvospecError(f"invalid adaptive draft-length settings: {self}")
 
 
@@ -107,7 +112,9 @@ class AdaptiveDraftLength:
         prior = self._mean(drafter, "") if label else c.prior_acceptance
         trials = (counts.trials if counts else 0.0) + c.prior_weight
         mean = ((counts.successes if counts else 0.0) + c.prior_weight * prior) / trials
-        bonus = 0.0 if drafter in self._checked_for_free else c.exploration * math.sqrt(math.log(self._rounds + 2) / trials)
+        bonus = (
+            0.0 if drafter in self._checked_for_free else c.exploration * math.sqrt(math.log(self._rounds + 2) / trials)
+        )
         return min(mean + bonus, 0.999)
 
     def _mean(self, drafter: str, label: str) -> float:

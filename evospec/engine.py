@@ -15,12 +15,11 @@ from evospec.drafters import Drafter, empty_draft
 from evospec.errors import EvospecError
 from evospec.learning import OnlineLearner
 from evospec.sampling import Sampler
-from evospec.stats import SpecStats
 from evospec.selection import REWARDS, Selector, build_selector
+from evospec.stats import SpecStats
 from evospec.target import LanguageModel, PromptPass, top_next_tokens
 from evospec.types import Attempt, RoundFeedback, RoundTime, Verdict
 from evospec.verify import verify
-
 
 FEEDBACK_TOP_K = 16  # the target's most likely next tokens kept per verified position for learners
 
@@ -67,7 +66,9 @@ class Engine:
             raise EvospecError("several drafters need a selector")
         if selector is not None and set(selector.arms) != set(self.drafters):
             raise EvospecError(f"the selector's arms {selector.arms} are not the drafters {list(self.drafters)}")
-        self.selector = selector or (build_selector(f"fixed:{drafters[0].name}", [drafters[0].name]) if drafters else None)
+        self.selector = selector or (
+            build_selector(f"fixed:{drafters[0].name}", [drafters[0].name]) if drafters else None
+        )
         if self.selector is not None and self.selector.reward_kind == "speed" and forward_cost is None:
             raise EvospecError(f"selector {self.selector} rewards speed: it needs the target's measured forward cost")
         self.step_s = forward_cost.of(1) if forward_cost else 0.0  # T(1), for the speed reward
@@ -80,8 +81,9 @@ class Engine:
         self._prompt_rows = max((learner.prompt_rows for learner in self.learners), default=0)
         self.requests = 0
 
-    def generate(self, prompt_ids: list[int], config: GenerationConfig, stats: SpecStats,
-                 prediction: Sequence[int] = ()) -> Iterator[int]:
+    def generate(
+        self, prompt_ids: list[int], config: GenerationConfig, stats: SpecStats, prediction: Sequence[int] = ()
+    ) -> Iterator[int]:
         """Yield new token ids until EOS (yielded too), max_new_tokens or the context is full.
 
         prediction: the output the client expects (token ids), for the drafters that draft from it.
@@ -111,7 +113,9 @@ class Engine:
                 if attempt:
                     self._feed_back(attempt, verdict, passed, sampler, stats)
                 if self.listeners:
-                    self._tell_listeners(attempt, verdict, context, passed, stats, prefill=len(context) == len(prompt_ids))
+                    self._tell_listeners(
+                        attempt, verdict, context, passed, stats, prefill=len(context) == len(prompt_ids)
+                    )
                 # 2. The cache keeps the pending token and the accepted drafts; the new last token is pending.
                 self.target.trim(len(context) + verdict.num_accepted)
                 for token in verdict.emitted[:budget]:
@@ -165,16 +169,27 @@ class Engine:
         seconds = self.clock() - start
         return Attempt(name, proposed.truncated(self.draft_length.keep(name, proposed)), proposed, asked, seconds)
 
-    def _feed_back(self, attempt: Attempt, verdict: Verdict, passed: TargetPass, sampler: Sampler, stats: SpecStats) -> None:
+    def _feed_back(
+        self, attempt: Attempt, verdict: Verdict, passed: TargetPass, sampler: Sampler, stats: SpecStats
+    ) -> None:
         """The round's outcome to the selector (its reward), the draft-length policy and the per-drafter stats."""
         seconds = RoundTime(attempt.draft_s, passed.seconds, self.step_s)
-        reward = REWARDS[self.selector.reward_kind](passed.logits, attempt.draft, verdict, sampler, attempt.asked, seconds)
+        reward = REWARDS[self.selector.reward_kind](
+            passed.logits, attempt.draft, verdict, sampler, attempt.asked, seconds
+        )
         self.selector.update(attempt.drafter, reward)
         self.draft_length.observe(attempt, verdict)
         stats.record_drafter(attempt, verdict, reward)
 
-    def _tell_listeners(self, attempt: Attempt | None, verdict: Verdict, context: list[int],
-                        passed: TargetPass, stats: SpecStats, prefill: bool) -> None:
+    def _tell_listeners(
+        self,
+        attempt: Attempt | None,
+        verdict: Verdict,
+        context: list[int],
+        passed: TargetPass,
+        stats: SpecStats,
+        prefill: bool,
+    ) -> None:
         """What the pass said about the tokens it verified, to white-box drafters and learners.
 
         Called before the round's tokens join the context: at the prefill the verified tokens are the
@@ -191,9 +206,15 @@ class Engine:
             hidden = passed.hidden[:rows] if passed.hidden is not None else None
             top_ids, top_probs = top_next_tokens(passed.logits[:rows], FEEDBACK_TOP_K)
         feedback = RoundFeedback(
-            request=self.requests, drafter=attempt.drafter if attempt and drafted.numel() else None,
-            position=first, tokens=torch.tensor(context[first:] + drafted[: verdict.num_accepted].tolist()),
-            drafted=drafted, num_accepted=verdict.num_accepted, hidden=hidden, top_ids=top_ids, top_probs=top_probs,
+            request=self.requests,
+            drafter=attempt.drafter if attempt and drafted.numel() else None,
+            position=first,
+            tokens=torch.tensor(context[first:] + drafted[: verdict.num_accepted].tolist()),
+            drafted=drafted,
+            num_accepted=verdict.num_accepted,
+            hidden=hidden,
+            top_ids=top_ids,
+            top_probs=top_probs,
         )
         for listener in self.listeners:
             listener.observe(feedback)

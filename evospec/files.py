@@ -39,7 +39,9 @@ def write_atomically(path: Path, data: bytes | str, durable: bool = False) -> No
             os.close(directory)
 
 
-def save_tensors_atomically(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+def save_tensors_atomically(
+    tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
+) -> None:
     """Write tensors as a safetensors file at path, atomically (write_atomically)."""
     contiguous = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}
     write_atomically(path, safetensors.torch.save(contiguous, metadata=metadata))

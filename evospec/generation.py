@@ -1,4 +1,5 @@
-"""Engines on a loaded target, and text in, text out: prompts, chat templates, streaming detokenization and stop strings."""
+"""Engines on a loaded target, and text in, text out: prompts, chat templates, streaming
+detokenization and stop strings."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from evospec.models.backend import LoadedModel
 from evospec.selection import Selector
 from evospec.stats import SpecStats
 
-
 # Text, or chat messages ({"role": ..., "content": ...}) in order.
 Prompt = str | Sequence[Mapping[str, str]]
 
@@ -32,12 +32,20 @@ def build_engine(
     """An engine on a new session of target; the target returns hidden states only when a drafter or
     a learner reads them, since they cost a copy per verified position."""
     return Engine(
-        target.new_lm(hidden_states=reads_hidden_states(drafters, learners)), drafters, target.eos_token_ids, target.context_length,
-        draft_length, selector, learners, forward_cost,
+        target.new_lm(hidden_states=reads_hidden_states(drafters, learners)),
+        drafters,
+        target.eos_token_ids,
+        target.context_length,
+        draft_length,
+        selector,
+        learners,
+        forward_cost,
     )
 
 
-def timing(target: LoadedModel, max_k: int, adaptive: bool, selector: Selector | None) -> tuple[ForwardCost | None, AdaptiveDraftLength | None]:
+def timing(
+    target: LoadedModel, max_k: int, adaptive: bool, selector: Selector | None
+) -> tuple[ForwardCost | None, AdaptiveDraftLength | None]:
     """The target's forward cost on this machine (measured once, cached) where a policy weighs time, the
     adaptive draft length or a selector rewarding speed, and the adaptive policy when asked for."""
     timed = adaptive or (selector is not None and selector.reward_kind == "speed")
@@ -50,8 +58,9 @@ class TextStream:
     `finish_reason` ("stop": EOS or a stop string; "length": max_new_tokens or the context) and
     `stats` describe the whole of it. A stop string ends the text and is not part of it."""
 
-    def __init__(self, generator: TextGenerator, prompt_ids: list[int], config: GenerationConfig,
-                 prediction_ids: list[int]) -> None:
+    def __init__(
+        self, generator: TextGenerator, prompt_ids: list[int], config: GenerationConfig, prediction_ids: list[int]
+    ) -> None:
         self._generator = generator
         self.prompt_ids = prompt_ids
         self.prediction_ids = prediction_ids  # the predicted output, for the prediction drafter
@@ -100,19 +109,25 @@ class TextGenerator:
         self.tokenizer = target.tokenizer
         self.engine = engine
 
-    def stream(self, prompt: Prompt, config: GenerationConfig, chat: bool = False,
-               prediction: str | None = None) -> TextStream:
+    def stream(
+        self, prompt: Prompt, config: GenerationConfig, chat: bool = False, prediction: str | None = None
+    ) -> TextStream:
         """Start a generation (the prompt as encode_prompt takes it); iterate the result for text pieces.
 
         prediction: text the output is expected to repeat much of (OpenAI Predicted Outputs), drafted
         by the prediction drafter, which the engine must have."""
         if prediction and PREDICTION not in self.engine.drafters:
-            raise EvospecError(f"a prediction is drafted by the '{PREDICTION}' drafter, and this generator has "
-                               f"{sorted(self.engine.drafters) or 'none'}: add --drafter {PREDICTION}")
-        return TextStream(self, encode_prompt(self.target, prompt, chat), config, encode_prediction(self.target, prediction))
+            raise EvospecError(
+                f"a prediction is drafted by the '{PREDICTION}' drafter, and this generator has "
+                f"{sorted(self.engine.drafters) or 'none'}: add --drafter {PREDICTION}"
+            )
+        return TextStream(
+            self, encode_prompt(self.target, prompt, chat), config, encode_prediction(self.target, prediction)
+        )
 
-    def generate(self, prompt: Prompt, config: GenerationConfig, chat: bool = False,
-                 prediction: str | None = None) -> TextStream:
+    def generate(
+        self, prompt: Prompt, config: GenerationConfig, chat: bool = False, prediction: str | None = None
+    ) -> TextStream:
         """Generate to the end; the returned stream holds text, token ids, finish reason and stats."""
         stream = self.stream(prompt, config, chat, prediction)
         for _ in stream:

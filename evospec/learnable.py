@@ -36,9 +36,12 @@ class Trace:
     def window(self, start: int, end: int) -> Trace:
         """Rows start..end-1 as a trace of their own (the rows before them join its prefix)."""
         return Trace(
-            tokens=self.tokens[start:end], prefix=torch.cat([self.prefix, self.tokens[:start]]),
+            tokens=self.tokens[start:end],
+            prefix=torch.cat([self.prefix, self.tokens[:start]]),
             hidden=None if self.hidden is None else self.hidden[start:end],
-            top_ids=self.top_ids[start:end], top_probs=self.top_probs[start:end], rejected=self.rejected[start:end],
+            top_ids=self.top_ids[start:end],
+            top_probs=self.top_probs[start:end],
+            rejected=self.rejected[start:end],
         )
 
 

@@ -11,8 +11,23 @@ import platform
 from pathlib import Path
 
 # The processor features that decide which kernels llama.cpp and torch run.
-KERNEL_FLAGS = ("avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-                "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+KERNEL_FLAGS = (
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx_vnni",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "asimd",
+    "sve",
+)
 
 
 def default_threads() -> int:
@@ -34,8 +49,13 @@ def machine_key() -> str:
 def cpu_description() -> dict[str, object]:
     """What a benchmark records of the machine: the processor's name, its SIMD features, the threads."""
     flags = cpu_kernel_flags()
-    return {"model": _cpu_info("model name") or platform.processor() or "unknown", "flags": flags,
-            "avx2": "avx2" in flags, "avx512_bf16": "avx512_bf16" in flags, "threads": default_threads()}
+    return {
+        "model": _cpu_info("model name") or platform.processor() or "unknown",
+        "flags": flags,
+        "avx2": "avx2" in flags,
+        "avx512_bf16": "avx512_bf16" in flags,
+        "threads": default_threads(),
+    }
 
 
 def _cpu_info(field: str) -> str:

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from evospec.types import Attempt, Draft, Verdict
+
+
+def add_counters(into: Any, other: Any) -> None:
+    """Add other's counters (its int and float fields) to those of into, a dataclass of the same kind."""
+    for counter in fields(other):
+        value = getattr(other, counter.name)
+        if isinstance(value, int | float):
+            setattr(into, counter.name, getattr(into, counter.name) + value)
 
 
 @dataclass
@@ -21,9 +29,7 @@ class DrafterStats:
     draft_s: float = 0.0  # in its propose, catch-up on the tokens it did not see included
 
     def merge(self, other: DrafterStats) -> None:
-        for name in ("pulls", "reward_sum", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "emitted",
-                     "draft_s"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        add_counters(self, other)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,9 +83,7 @@ class SpecStats:
         self.draft_s += attempt.draft_s
 
     def merge(self, other: SpecStats) -> None:
-        for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_verifications",
-                     "new_tokens", "prompt_tokens", "prefill_s", "draft_s", "target_s", "learn_s", "wall_s"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        add_counters(self, other)
         for name, arm in other.drafters.items():
             self.drafters.setdefault(name, DrafterStats()).merge(arm)
         self._grow(len(other.num_accepted_tokens_per_pos))

@@ -83,8 +83,12 @@ class RoundFeedback:
 
     def last_rows(self, rows: int) -> RoundFeedback:
         """The same round with the target's view of only its last `rows` rows."""
-        return replace(self, hidden=None if self.hidden is None else self.hidden[-rows:],
-                       top_ids=self.top_ids[-rows:], top_probs=self.top_probs[-rows:])
+        return replace(
+            self,
+            hidden=None if self.hidden is None else self.hidden[-rows:],
+            top_ids=self.top_ids[-rows:],
+            top_probs=self.top_probs[-rows:],
+        )
 
     @property
     def prefill(self) -> bool:

@@ -8,9 +8,10 @@ Words (used throughout evospec):
 So every round emits accepted + 1 tokens.
 
 greedy: accept while the draft token equals argmax p; the extra token is argmax p where they differ.
-sampling (Leviathan et al. 2023, arXiv 2211.17192; Chen et al. 2023, arXiv 2302.01318): accept x_j with probability min(1, p(x_j) / q(x_j));
-on rejection draw from norm(max(0, p - q)); after k acceptances draw the bonus from p. This leaves the
-output distributed exactly as the target's own samples.
+sampling (Leviathan et al. 2023, arXiv 2211.17192; Chen et al. 2023, arXiv 2302.01318): accept x_j
+with probability min(1, p(x_j) / q(x_j)); on rejection draw from norm(max(0, p - q)); after k
+acceptances draw the bonus from p. This leaves the output distributed exactly as the target's own
+samples.
 """
 
 from __future__ import annotations

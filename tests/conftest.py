@@ -26,8 +26,13 @@ def tiny_model(seed: int, noise: float = 0.0, base: LlamaForCausalLM | None = No
     """A random 2-layer Llama in fp32; with base, a copy of it whose weights are jittered by noise."""
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
         tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config)
@@ -83,14 +88,19 @@ def random_prompts(count: int, seed: int = 0) -> list[list[int]]:
     return prompts
 
 
-def reference_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_token_id: int | list[int] | None = None) -> list[int]:
+def reference_greedy(
+    model, prompt_ids: list[int], max_new_tokens: int, eos_token_id: int | list[int] | None = None
+) -> list[int]:
     """The target's own greedy decoding, by Hugging Face generate (on the model's device)."""
     output = model.generate(
         torch.tensor([prompt_ids], device=model.device),
         attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long, device=model.device),
-        do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=0,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        pad_token_id=0,
     )
-    return output[0, len(prompt_ids):].tolist()
+    return output[0, len(prompt_ids) :].tolist()
 
 
 def word_tokenizer(words: list[str]):
@@ -120,8 +130,14 @@ def saved_model(tmp_path: Path) -> Path:
     """A saved 2-layer random Llama with a word-level tokenizer; generation config eos = [0, 7]."""
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(SAVED_WORDS), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, eos_token_id=0,
+        vocab_size=len(SAVED_WORDS),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        eos_token_id=0,
     )
     model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = [0, 7]

@@ -13,22 +13,46 @@ from evospec.config import GenerationConfig, LoadConfig
 from evospec.errors import EvospecError
 
 SMOL = "smollm2-135m-instruct"
-FIELDS = {"tokens_per_s", "tau", "acceptance_rate", "speedup_vs_plain", "rounds", "new_tokens", "wall_s", "learn_s",
-          "decode_tokens_per_s", "decode_speedup_vs_plain"}
+FIELDS = {
+    "tokens_per_s",
+    "tau",
+    "acceptance_rate",
+    "speedup_vs_plain",
+    "rounds",
+    "new_tokens",
+    "wall_s",
+    "learn_s",
+    "decode_tokens_per_s",
+    "decode_speedup_vs_plain",
+}
 
 
 def test_spec_bench_has_six_categories_and_takes_mt_bench_round_robin():
     prompts = spec_bench(2)
-    assert [p.category for p in prompts][::2] == [MT_BENCH, "translation", "summarization", "qa", "math_reasoning", "rag"]
+    assert [p.category for p in prompts][::2] == [
+        MT_BENCH,
+        "translation",
+        "summarization",
+        "qa",
+        "math_reasoning",
+        "rag",
+    ]
     assert len({p.id for p in prompts}) == 12
 
 
 @pytest.mark.slow
 def test_bench_writes_results_in_the_agreed_shape_for_every_category(tmp_path: Path):
     settings = BenchSettings(
-        target=SMOL, draft_model=SMOL, methods=("llamacpp-plain", "evospec-plain", "evospec:ngram"), suite="engine",
-        stream="mixed", per_category=1, backend="llamacpp",
-        generation=GenerationConfig(max_new_tokens=8), out_dir=tmp_path, command="evospec bench (test)",
+        target=SMOL,
+        draft_model=SMOL,
+        methods=("llamacpp-plain", "evospec-plain", "evospec:ngram"),
+        suite="engine",
+        stream="mixed",
+        per_category=1,
+        backend="llamacpp",
+        generation=GenerationConfig(max_new_tokens=8),
+        out_dir=tmp_path,
+        command="evospec bench (test)",
     )
     run_bench(settings)
     results = json.loads((tmp_path / "results.json").read_text())
@@ -50,8 +74,16 @@ def test_bench_writes_results_in_the_agreed_shape_for_every_category(tmp_path: P
 )
 def test_the_engine_suite_has_each_backends_baselines(tmp_path: Path, backend, dtype, baselines):
     settings = BenchSettings(
-        target=SMOL, draft_model=SMOL, methods=None, suite="engine", stream="category:qa", per_category=1,
-        backend=backend, load=LoadConfig(dtype=dtype), generation=GenerationConfig(max_new_tokens=8), out_dir=tmp_path,
+        target=SMOL,
+        draft_model=SMOL,
+        methods=None,
+        suite="engine",
+        stream="category:qa",
+        per_category=1,
+        backend=backend,
+        load=LoadConfig(dtype=dtype),
+        generation=GenerationConfig(max_new_tokens=8),
+        out_dir=tmp_path,
         command="evospec bench (test)",
     )
     run_bench(settings)
@@ -81,15 +113,30 @@ def test_demo_shows_each_task_against_plain_decoding_and_the_ceiling(capsys, mon
 @pytest.mark.slow
 def test_the_edit_suite_drafts_the_prediction_beside_spec_bench_prompts(tmp_path: Path):
     settings = BenchSettings(
-        target=SMOL, draft_model=SMOL, methods=None, suite="edit", stream="edit+summarization", per_category=1,
-        backend="llamacpp", generation=GenerationConfig(max_new_tokens=48, num_speculative_tokens=32),
-        out_dir=tmp_path, command="evospec bench --suite edit (test)",
+        target=SMOL,
+        draft_model=SMOL,
+        methods=None,
+        suite="edit",
+        stream="edit+summarization",
+        per_category=1,
+        backend="llamacpp",
+        generation=GenerationConfig(max_new_tokens=48, num_speculative_tokens=32),
+        out_dir=tmp_path,
+        command="evospec bench --suite edit (test)",
     )
     run_bench(settings)
     results = json.loads((tmp_path / "results.json").read_text())
     methods = results["methods"]
-    assert list(methods) == ["llamacpp-plain", "llamacpp-lookup", "evospec-plain", "evospec:ngram/k=auto",
-                             "evospec:suffix/k=auto", "evospec:prediction/k=auto", "select:ucb-bd/k=auto", "oracle"]
+    assert list(methods) == [
+        "llamacpp-plain",
+        "llamacpp-lookup",
+        "evospec-plain",
+        "evospec:ngram/k=auto",
+        "evospec:suffix/k=auto",
+        "evospec:prediction/k=auto",
+        "select:ucb-bd/k=auto",
+        "oracle",
+    ]
     assert list(methods["evospec-plain"]["per_category"]) == [*EDITS, "summarization"]
     assert set(methods["select:ucb-bd/k=auto"]["drafters"]) == {"ngram", "suffix", "prediction"}  # no small LM
     edit_rounds = methods["evospec:prediction/k=auto"]["drafters"]["prediction"]
@@ -101,8 +148,15 @@ def test_the_edit_suite_drafts_the_prediction_beside_spec_bench_prompts(tmp_path
 @pytest.mark.slow
 def test_the_selection_suite_adds_the_oracle_and_plots_regret_and_arm_shares(tmp_path: Path):
     settings = BenchSettings(
-        target=SMOL, draft_model=SMOL, methods=None, suite="selection", stream="category:qa", per_category=2,
-        backend="llamacpp", generation=GenerationConfig(max_new_tokens=8, num_speculative_tokens=3), out_dir=tmp_path,
+        target=SMOL,
+        draft_model=SMOL,
+        methods=None,
+        suite="selection",
+        stream="category:qa",
+        per_category=2,
+        backend="llamacpp",
+        generation=GenerationConfig(max_new_tokens=8, num_speculative_tokens=3),
+        out_dir=tmp_path,
         command="evospec bench --suite selection (test)",
     )
     run_bench(settings)
@@ -142,6 +196,8 @@ def test_every_suite_method_and_its_adaptive_variants_are_known_before_loading()
     from evospec.bench.methods import all_method_names, method_names
 
     known = all_method_names(SMOL, "llamacpp")
-    assert set(method_names(SMOL, "llamacpp", "engine")) | set(method_names(SMOL, "llamacpp", "selection")) <= set(known)
+    assert set(method_names(SMOL, "llamacpp", "engine")) | set(method_names(SMOL, "llamacpp", "selection")) <= set(
+        known
+    )
     assert {"select:ucb-speed/k=auto", "select:ucb-bd/k=auto", f"evospec:{SMOL}/k=auto"} <= set(known)
     assert "evospec:eagle/k=auto" not in known  # no white-box checkpoint given

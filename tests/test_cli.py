@@ -63,8 +63,10 @@ def test_bad_settings_fail_before_loading_anything(capsys, argv, message):
         (["generate", "hi", "--target", SMOL, "--drafter", "ngram:3"], "takes no argument"),
         (["generate", "hi", "--target", ".", "--backend", "llamacpp"], "needs a .gguf file"),
         (["generate", "hi", "--target", SMOL, "--drafter", "suffix:3"], "takes no argument"),
-        (["generate", "hi", "--target", SMOL, "--drafter", "ngram", "--drafter", "suffix", "--selector", "nope"],
-         "unknown selector"),
+        (
+            ["generate", "hi", "--target", SMOL, "--drafter", "ngram", "--drafter", "suffix", "--selector", "nope"],
+            "unknown selector",
+        ),
         (["generate", "hi", "--target", SMOL, "--drafter", "ngram", "--drafter", "ngram"], "must differ"),
         (["generate", "hi", "--target", SMOL, "--drafter", "ngram", "--learner", "ogd"], "trains eagle, hydra or lora"),
         (["generate", "hi", "--target", SMOL, "--drafter", "eagle:/no/such/dir"], "not a drafter checkpoint"),
@@ -85,14 +87,26 @@ def test_drafter_with_another_tokenizer_is_refused(capsys, foreign_tokenizer_mod
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", [["--backend", "hf", "--dtype", "fp32"], ["--backend", "llamacpp"]])
 def test_generate_json_plain_and_speculative_agree(capsys, backend):
-    common = ["generate", "Count from 1 to 10.", "--target", SMOL, "--chat", *backend, "--max-new-tokens", "24", "--json"]
+    common = [
+        "generate",
+        "Count from 1 to 10.",
+        "--target",
+        SMOL,
+        "--chat",
+        *backend,
+        "--max-new-tokens",
+        "24",
+        "--json",
+    ]
     status, out, _ = run_cli(capsys, *common, "--drafter", "none")
     plain = json.loads(out)
     status_ngram, out, _ = run_cli(capsys, *common, "--drafter", "ngram", "--k", "3")
     ngram = json.loads(out)
     status_eagle, out, _ = run_cli(capsys, *common, "--drafter", "eagle", "--learner", "ensemble", "--learn-every", "2")
     eagle = json.loads(out)  # a white-box drafter on the target's hidden states, learning while it drafts
-    status_lora, out, _ = run_cli(capsys, *common, "--drafter", f"lora:{SMOL}", "--learner", "ogd", "--learn-every", "2")
+    status_lora, out, _ = run_cli(
+        capsys, *common, "--drafter", f"lora:{SMOL}", "--learner", "ogd", "--learn-every", "2"
+    )
     lora = json.loads(out)  # the small LM (itself here) learning through its adapters while it drafts
     assert status == status_ngram == status_eagle == status_lora == 0
     assert ngram["token_ids"] == plain["token_ids"] and ngram["text"] == plain["text"]
@@ -104,7 +118,9 @@ def test_generate_json_plain_and_speculative_agree(capsys, backend):
 def test_a_real_process_prints_no_traceback():
     result = subprocess.run(
         [sys.executable, "-m", "evospec.cli", "generate", "hi", "--target", "no/such-model-anywhere"],
-        capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", "PATH": ""},
+        capture_output=True,
+        text=True,
+        env={"HF_HUB_OFFLINE": "1", "PATH": ""},
     )
     assert result.returncode == 2
     assert result.stderr.startswith("evospec: error:") and "Traceback" not in result.stderr

@@ -1,4 +1,5 @@
-"""T(n), the cost of a target forward of n tokens: measured at 1..8 and a sparse grid, interpolated, cached per machine."""
+"""T(n), the cost of a target forward of n tokens: measured at 1..8 and a sparse grid, interpolated,
+cached per machine."""
 
 from __future__ import annotations
 

@@ -10,7 +10,6 @@ import copy
 import pytest
 import torch
 
-from conftest import random_prompts, reference_greedy, tiny_model
 from evospec.config import GenerationConfig
 from evospec.drafters import SmallLMDrafter
 from evospec.drafters.adapted_lm import AdaptedLMDrafter
@@ -18,17 +17,21 @@ from evospec.drafters.registry import new_white_box_drafter
 from evospec.drafters.whitebox import WhiteBoxConfig
 from evospec.engine import Engine
 from evospec.learning import LearnerConfig, build_learner
-from evospec.models.hf import default_device
+from evospec.models.backend import LoadedModel
+from evospec.models.hf import CachedLM, default_device
 from evospec.models.loading import BACKENDS
 from evospec.stats import SpecStats
-from evospec.models.hf import CachedLM
+
+from conftest import random_prompts, reference_greedy, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.fixture(scope="module")
 def gpu_target(sharp_target) -> LoadedModel:
-    return BACKENDS["hf"].wrap("tiny-sharp-cuda", copy.deepcopy(sharp_target.model).cuda(), sharp_target.tokenizer, "tiny-sharp")
+    return BACKENDS["hf"].wrap(
+        "tiny-sharp-cuda", copy.deepcopy(sharp_target.model).cuda(), sharp_target.tokenizer, "tiny-sharp"
+    )
 
 
 def generate_all(engine: Engine, prompts: list[list[int]], k: int) -> list[list[int]]:
@@ -56,7 +59,9 @@ def test_drafters_learning_beside_a_gpu_target_leave_its_output_alone(gpu_target
     if kind == "lora":
         drafter = AdaptedLMDrafter(tiny_model(seed=1, noise=0.6, base=gpu_target.model).cuda(), "lora:tiny")
     else:
-        drafter = new_white_box_drafter(kind, gpu_target, config=WhiteBoxConfig(kind, 64, head_vocab=80, intermediate_size=96))
+        drafter = new_white_box_drafter(
+            kind, gpu_target, config=WhiteBoxConfig(kind, 64, head_vocab=80, intermediate_size=96)
+        )
     learner = build_learner("ogd", drafter, LearnerConfig(every=2, batch_rows=64, lr=0.5))
     engine = Engine(CachedLM(gpu_target.model), [drafter], frozenset(), 256, learners=[learner])
     prompts = random_prompts(4, seed=3)

@@ -13,14 +13,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import TINY_VOCAB, run_cli
 from evospec.config import DistillConfig, GenerationConfig
+from evospec.distill import collect, distill, read_corpus
 from evospec.drafters.registry import WHITE_BOX_KINDS, new_white_box_drafter
 from evospec.engine import Engine
 from evospec.errors import EvospecError
-from evospec.distill import collect, distill, read_corpus
-from evospec.stats import SpecStats
 from evospec.models.hf import CachedLM
+from evospec.stats import SpecStats
+
+from conftest import TINY_VOCAB, run_cli
 
 SAMPLES = 40  # a quarter held out
 
@@ -36,8 +37,16 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def settings(corpus: Path, **overrides) -> DistillConfig:
-    values = dict(data=str(corpus), samples=SAMPLES, max_new_tokens=24, epochs=4, lr=1e-2, batch_rows=96,
-                  head_vocab=64, holdout=0.25)
+    values = dict(
+        data=str(corpus),
+        samples=SAMPLES,
+        max_new_tokens=24,
+        epochs=4,
+        lr=1e-2,
+        batch_rows=96,
+        head_vocab=64,
+        holdout=0.25,
+    )
     return DistillConfig(**{**values, **overrides})
 
 
@@ -93,9 +102,15 @@ def test_the_checkpoint_loads_and_drafts_better_than_an_untrained_drafter(traine
 
 @pytest.mark.parametrize("stop", ["mid-epoch", "after-an-epoch"])
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(sharp_target, corpus, traces, tmp_path, stop):
-    whole = distill(sharp_target, "eagle", with_traces(tmp_path / "whole", traces), settings(corpus, epochs=2), progress=False)
+    whole = distill(
+        sharp_target, "eagle", with_traces(tmp_path / "whole", traces), settings(corpus, epochs=2), progress=False
+    )
     out = with_traces(tmp_path / "stopped", traces)
-    first = settings(corpus, epochs=2, max_steps=whole.steps // 2 + 1) if stop == "mid-epoch" else settings(corpus, epochs=1)
+    first = (
+        settings(corpus, epochs=2, max_steps=whole.steps // 2 + 1)
+        if stop == "mid-epoch"
+        else settings(corpus, epochs=1)
+    )
     part = distill(sharp_target, "eagle", out, first, progress=False)
     assert 0 < part.steps < whole.steps
     rest = distill(sharp_target, "eagle", out, settings(corpus, epochs=2, resume=True), progress=False)
@@ -154,16 +169,44 @@ def test_bad_input_is_one_line_and_exit_status_2(capsys, tmp_path, data, kind, m
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "drafter.json").write_text("{}")
     out = tmp_path / ("taken" if "already" in message else "new")
-    status, _, err = run_cli(capsys, "train-drafter", "--target", "no-such-model", "--kind", kind,
-                             "--out", str(out), "--data", str(tmp_path / data))
+    status, _, err = run_cli(
+        capsys,
+        "train-drafter",
+        "--target",
+        "no-such-model",
+        "--kind",
+        kind,
+        "--out",
+        str(out),
+        "--data",
+        str(tmp_path / data),
+    )
     assert status == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err
     assert (tmp_path / "taken" / "drafter.json").read_text() == "{}"  # nothing lost
 
 
 def test_train_drafter_from_the_command_line(capsys, tmp_path, corpus, foreign_tokenizer_model):
-    argv = ["train-drafter", "--target", foreign_tokenizer_model, "--dtype", "fp32", "--kind", "hydra",
-            "--out", str(tmp_path / "hydra"), "--data", str(corpus), "--samples", "5", "--max-new-tokens", "8",
-            "--epochs", "1", "--head-vocab", "32"]
+    argv = [
+        "train-drafter",
+        "--target",
+        foreign_tokenizer_model,
+        "--dtype",
+        "fp32",
+        "--kind",
+        "hydra",
+        "--out",
+        str(tmp_path / "hydra"),
+        "--data",
+        str(corpus),
+        "--samples",
+        "5",
+        "--max-new-tokens",
+        "8",
+        "--epochs",
+        "1",
+        "--head-vocab",
+        "32",
+    ]
     status, out, err = run_cli(capsys, *argv)
     assert status == 0, err
     assert "5 collected, 0 cached" in out and "held-out top-1 agreement" in out

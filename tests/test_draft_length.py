@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from conftest import random_prompts, reference_greedy
 
 from evospec.config import GenerationConfig
 from evospec.cost import ForwardCost
 from evospec.draft_length import AdaptiveDraftLength
 from evospec.drafters import NgramDrafter, SmallLMDrafter
 from evospec.engine import Engine
-from evospec.errors import EvospecError
+from evospec.models.hf import CachedLM
 from evospec.selection import build_selector
 from evospec.stats import SpecStats
-from evospec.models.hf import CachedLM
 from evospec.types import Attempt, Draft, Verdict
+
+from conftest import random_prompts, reference_greedy
 
 # T(n) / T(1) as measured for llama.cpp Q4_K on a 2-core AVX2 machine, and a flat one (bf16 with AVX512).
 STEEP = ForwardCost((1.0, 1.6, 2.0, 2.5, 3.0))
@@ -28,12 +26,15 @@ def draft(size: int, label: str = "") -> Draft:
     return Draft(torch.arange(size), None, label)
 
 
-def observe(policy: AdaptiveDraftLength, drafter: str, proposed: Draft, verified: int, accepted: int,
-            next_token: int = -1) -> None:
+def observe(
+    policy: AdaptiveDraftLength, drafter: str, proposed: Draft, verified: int, accepted: int, next_token: int = -1
+) -> None:
     """One round: `verified` tokens of the proposal checked, `accepted` of them right, then the target's
     own token (next_token; -1: a token no draft proposes)."""
     emitted = [*proposed.tokens[:accepted].tolist(), next_token]
-    policy.observe(Attempt(drafter, proposed.truncated(verified), proposed, proposed.size, 0.0), Verdict(accepted, emitted))
+    policy.observe(
+        Attempt(drafter, proposed.truncated(verified), proposed, proposed.size, 0.0), Verdict(accepted, emitted)
+    )
 
 
 @pytest.mark.parametrize(
@@ -77,7 +78,9 @@ def test_a_model_free_drafter_learns_from_drafts_that_were_never_verified():
     observe(fresh, "suffix", draft(4), verified=2, accepted=2, next_token=2)
     observe(fresh, "suffix", draft(4), verified=2, accepted=1, next_token=-1)
     counts = fresh._acceptance[("suffix", "")]
-    assert (counts.trials, counts.successes) == pytest.approx((4 * 0.995**2 + 3 * 0.995 + 2, 4 * 0.995**2 + 3 * 0.995 + 1))
+    assert (counts.trials, counts.successes) == pytest.approx(
+        (4 * 0.995**2 + 3 * 0.995 + 2, 4 * 0.995**2 + 3 * 0.995 + 1)
+    )
 
 
 def test_long_drafts_are_verified_at_the_sizes_whose_cost_was_measured():
@@ -117,8 +120,15 @@ def test_adaptive_draft_length_is_lossless(tiny_target, tiny_drafter, drafter_ki
 
 def test_adaptive_draft_length_under_a_speed_bandit_is_lossless(tiny_target, tiny_drafter):
     drafters = [NgramDrafter(), SmallLMDrafter(CachedLM(tiny_drafter), "noisy")]
-    engine = Engine(CachedLM(tiny_target), drafters, frozenset(), 256, AdaptiveDraftLength(STEEP),
-                    build_selector("ucb-speed", ["ngram", "noisy"]), forward_cost=STEEP)
+    engine = Engine(
+        CachedLM(tiny_target),
+        drafters,
+        frozenset(),
+        256,
+        AdaptiveDraftLength(STEEP),
+        build_selector("ucb-speed", ["ngram", "noisy"]),
+        forward_cost=STEEP,
+    )
     config = GenerationConfig(max_new_tokens=24, num_speculative_tokens=4)
     total = SpecStats()
     for prompt in random_prompts(10, seed=12):

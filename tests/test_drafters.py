@@ -38,7 +38,7 @@ def greedy_rounds(drafter, prompt: list[int], output: list[int], prediction: lis
     context, accepted_per_round = [*prompt, output[0]], []
     while len(context) < len(prompt) + len(output):
         draft = drafter.propose(context, k, GREEDY).tokens.tolist()
-        expected = output[len(context) - len(prompt):]
+        expected = output[len(context) - len(prompt) :]
         accepted = common_prefix_length(draft, expected)
         accepted_per_round.append(accepted)
         context += expected[: accepted + 1]
@@ -47,7 +47,15 @@ def greedy_rounds(drafter, prompt: list[int], output: list[int], prediction: lis
 
 def test_the_prediction_drafter_finds_its_place_after_each_edit():
     prediction = list(range(100, 160))
-    output = [*prediction[:10], 7, *prediction[11:25], *prediction[27:40], 8, 9, *prediction[40:]]  # replace, delete, insert
+    output = [
+        *prediction[:10],
+        7,
+        *prediction[11:25],
+        *prediction[27:40],
+        8,
+        9,
+        *prediction[40:],
+    ]  # replace, delete, insert
     rounds = greedy_rounds(PredictionDrafter(), [1, 2, 3], output, prediction, k=64)
     # Up to the replaced token; the token after it, where the new one is taken as inserted (nothing
     # tells a replacement from an insertion yet); on, 13 to the deletion; found again past it (one

@@ -12,13 +12,15 @@ from evospec.drafters.registry import NO_DRAFTER, build_drafter
 from evospec.engine import Engine
 from evospec.errors import EvospecError
 from evospec.generation import build_engine
+from evospec.models.hf import CachedLM
 from evospec.selection import SELECTORS, build_selector
 from evospec.stats import SpecStats
-from evospec.models.hf import CachedLM
 
 from conftest import TINY_VOCAB, random_prompts, reference_greedy, tiny_model
 
 MAX_NEW = 24
+
+
 def edited(output: list[int]) -> list[int]:
     """A prediction that is mostly right: the output with a token replaced, one dropped and two inserted
     (as far as it is long enough for them)."""
@@ -31,7 +33,9 @@ def edited(output: list[int]) -> list[int]:
     return edit
 
 
-def run(engine: Engine, prompt: list[int], config: GenerationConfig, prediction: list[int] = ()) -> tuple[list[int], SpecStats]:
+def run(
+    engine: Engine, prompt: list[int], config: GenerationConfig, prediction: list[int] = ()
+) -> tuple[list[int], SpecStats]:
     stats = SpecStats()
     return list(engine.generate(prompt, config, stats, prediction)), stats
 
@@ -48,8 +52,15 @@ def drafter_specs(tmp_path_factory, sharp_target) -> dict[str, str]:
     directory = tmp_path_factory.mktemp("small-lm")
     tiny_model(seed=1, noise=0.3, base=sharp_target.model).save_pretrained(directory)
     sharp_target.tokenizer.save_pretrained(directory)
-    return {"ngram": "ngram", "suffix": "suffix", "prediction": "prediction", "lm": f"lm:{directory}",
-            "lora": f"lora:{directory}", "eagle": "eagle", "hydra": "hydra"}
+    return {
+        "ngram": "ngram",
+        "suffix": "suffix",
+        "prediction": "prediction",
+        "lm": f"lm:{directory}",
+        "lora": f"lora:{directory}",
+        "eagle": "eagle",
+        "hydra": "hydra",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -144,11 +155,21 @@ def test_bad_prompts_are_clear_errors(tiny_target, prompt, message):
 @pytest.mark.parametrize("selector", [*(name for name in SELECTORS if name != "fixed"), "fixed:noisy"])
 def test_switching_drafters_is_lossless(tiny_target, tiny_drafter, plain_outputs, selector):
     """round-robin switches every round, over all 20 prompts; the other selectors on 5 of them."""
-    drafters = [SmallLMDrafter(CachedLM(tiny_drafter), "noisy"), NgramDrafter(), SuffixDrafter(),
-                SmallLMDrafter(CachedLM(tiny_target), "self")]
+    drafters = [
+        SmallLMDrafter(CachedLM(tiny_drafter), "noisy"),
+        NgramDrafter(),
+        SuffixDrafter(),
+        SmallLMDrafter(CachedLM(tiny_target), "self"),
+    ]
     cost = measure_forward_cost(CachedLM(tiny_target), 4, TINY_VOCAB)  # for ucb-speed's reward
-    engine = Engine(CachedLM(tiny_target), drafters, frozenset(), 256,
-                    selector=build_selector(selector, [d.name for d in drafters]), forward_cost=cost)
+    engine = Engine(
+        CachedLM(tiny_target),
+        drafters,
+        frozenset(),
+        256,
+        selector=build_selector(selector, [d.name for d in drafters]),
+        forward_cost=cost,
+    )
     config = GenerationConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=3)
     total = SpecStats()
     prompts = list(plain_outputs.items())[: None if selector == "round-robin" else 5]
@@ -166,8 +187,9 @@ def test_a_selector_keeps_sampling_seeded(tiny_target, tiny_drafter):
     config = GenerationConfig(max_new_tokens=20, sampling=SamplingConfig(temperature=0.8, seed=3))
     outputs = []
     for _ in range(2):
-        engine = Engine(CachedLM(tiny_target), drafters, frozenset(), 256,
-                        selector=build_selector("thompson", ["noisy", "ngram"]))
+        engine = Engine(
+            CachedLM(tiny_target), drafters, frozenset(), 256, selector=build_selector("thompson", ["noisy", "ngram"])
+        )
         outputs.append(run(engine, [1, 2, 3, 1, 2], config)[0])
     assert outputs[0] == outputs[1] and len(outputs[0]) == 20
 
@@ -175,7 +197,9 @@ def test_a_selector_keeps_sampling_seeded(tiny_target, tiny_drafter):
 def test_a_speed_reward_without_the_targets_forward_cost_is_a_clear_error(tiny_target):
     drafters = [NgramDrafter(), SuffixDrafter()]
     with pytest.raises(EvospecError, match="forward cost"):
-        Engine(CachedLM(tiny_target), drafters, frozenset(), 256, selector=build_selector("ucb-speed", ["ngram", "suffix"]))
+        Engine(
+            CachedLM(tiny_target), drafters, frozenset(), 256, selector=build_selector("ucb-speed", ["ngram", "suffix"])
+        )
 
 
 def test_several_drafters_need_a_selector_over_exactly_them(tiny_target):
@@ -184,5 +208,10 @@ def test_several_drafters_need_a_selector_over_exactly_them(tiny_target):
     with pytest.raises(EvospecError, match="arms"):
         Engine(CachedLM(tiny_target), [NgramDrafter()], frozenset(), 256, selector=build_selector("ucb-bd", ["other"]))
     with pytest.raises(EvospecError, match="must differ"):
-        Engine(CachedLM(tiny_target), [NgramDrafter(), NgramDrafter()], frozenset(), 256,
-               selector=build_selector("ucb-bd", ["ngram", "x"]))
+        Engine(
+            CachedLM(tiny_target),
+            [NgramDrafter(), NgramDrafter()],
+            frozenset(),
+            256,
+            selector=build_selector("ucb-bd", ["ngram", "x"]),
+        )

@@ -66,7 +66,9 @@ def test_an_invalid_dtype_is_a_user_error(saved_model: Path) -> None:
         loading.load_model(str(saved_model), "hf", LoadConfig(dtype="fp16"))
 
 
-def test_models_load_on_the_default_device_and_int8_is_refused_on_a_gpu(saved_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_models_load_on_the_default_device_and_int8_is_refused_on_a_gpu(
+    saved_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert loading.load_model(str(saved_model), "hf", LoadConfig(dtype="fp32")).model.device == hf.default_device()
     monkeypatch.setattr(hf, "default_device", lambda: torch.device("cuda"))
     with pytest.raises(EvospecError, match="int8 is for CPUs"):
@@ -81,9 +83,7 @@ def test_a_file_that_is_not_a_model_is_a_user_error(tmp_path: Path) -> None:
         loading.load_model(str(tmp_path), "hf", LoadConfig(dtype="fp32"))
 
 
-def test_a_gguf_file_is_converted_once(
-    saved_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_gguf_file_is_converted_once(saved_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EVOSPEC_HOME", str(tmp_path / "home"))
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(b"GGUF")

@@ -11,8 +11,20 @@ PACKAGE = Path(__file__).resolve().parent.parent / "evospec"
 
 # Bottom to top; a part may import parts of its own layer and of the layers below.
 LAYERS = [
-    ("errors", "config", "files", "machine", "types", "sampling", "stats", "verify", "target", "rescore", "cost",
-     "learnable"),
+    (
+        "errors",
+        "config",
+        "files",
+        "machine",
+        "types",
+        "sampling",
+        "stats",
+        "verify",
+        "target",
+        "rescore",
+        "cost",
+        "learnable",
+    ),
     ("models",),
     ("drafters", "learning", "selection", "draft_length"),
     ("engine",),
@@ -39,19 +51,29 @@ def imports(package: Path = PACKAGE) -> dict[str, set[str]]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 # `from evospec import engine` names the part in the alias
-                names = [f"{node.module}.{alias.name}" for alias in node.names] if node.module == "evospec" else [node.module]
+                names = (
+                    [f"{node.module}.{alias.name}" for alias in node.names]
+                    if node.module == "evospec"
+                    else [node.module]
+                )
             elif isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             else:
                 continue
-            graph.setdefault(part, set()).update(imported for name in names if (imported := part_of(name)) not in (None, part))
+            graph.setdefault(part, set()).update(
+                imported for name in names if (imported := part_of(name)) not in (None, part)
+            )
     return graph
 
 
 def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
     """(part, imported) wherever a part imports one of a higher layer."""
-    return sorted((part, imported) for part, targets in graph.items() for imported in targets
-                  if LAYER_OF[imported] > LAYER_OF[part])
+    return sorted(
+        (part, imported)
+        for part, targets in graph.items()
+        for imported in targets
+        if LAYER_OF[imported] > LAYER_OF[part]
+    )
 
 
 def cycle(graph: dict[str, set[str]]) -> list[str]:
@@ -60,7 +82,7 @@ def cycle(graph: dict[str, set[str]]) -> list[str]:
 
     def visit(part: str, path: list[str]) -> list[str]:
         if part in path:
-            return [*path[path.index(part):], part]
+            return [*path[path.index(part) :], part]
         if part in done:
             return []
         for imported in sorted(graph.get(part, ())):
@@ -73,7 +95,9 @@ def cycle(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_every_part_has_a_layer():
-    parts = {part_of(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)) for path in PACKAGE.rglob("*.py")}
+    parts = {
+        part_of(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)) for path in PACKAGE.rglob("*.py")
+    }
     assert parts - {"__init__", None} == set(LAYER_OF)
 
 

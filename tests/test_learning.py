@@ -8,7 +8,6 @@ import os
 import pytest
 import torch
 
-from conftest import TINY_VOCAB, random_prompts, reference_greedy, tiny_model
 from evospec.config import GenerationConfig, SamplingConfig
 from evospec.drafters import SmallLMDrafter
 from evospec.drafters.adapted_lm import AdaptedLMDrafter, AdapterConfig
@@ -18,10 +17,12 @@ from evospec.engine import Engine
 from evospec.errors import EvospecError
 from evospec.learning import LEARNERS, FeedbackBuffer, LearnerConfig, build_learner
 from evospec.models.backend import LoadedModel
+from evospec.models.hf import CachedLM
 from evospec.sampling import Sampler
 from evospec.stats import SpecStats
-from evospec.models.hf import CachedLM
 from evospec.types import RoundFeedback
+
+from conftest import TINY_VOCAB, random_prompts, reference_greedy, tiny_model
 
 HIDDEN = 64  # tiny_model's
 
@@ -36,7 +37,9 @@ def adapted_lm(target: LoadedModel, noise: float = 0.6, seed: int = 1) -> Adapte
     return AdaptedLMDrafter(tiny_model(seed=seed, noise=noise, base=target.model), "lora:tiny")
 
 
-def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int = 32, k: int = 3) -> tuple[list[list[int]], list[SpecStats]]:
+def run(
+    engine: Engine, prompts: list[list[int]], max_new_tokens: int = 32, k: int = 3
+) -> tuple[list[list[int]], list[SpecStats]]:
     outputs, stats = [], []
     for prompt in prompts:
         stats.append(SpecStats())
@@ -133,18 +136,30 @@ def test_untrained_adapters_draft_what_the_plain_small_lm_drafts(sharp_target):
 
 def feedback(request: int, position: int, rows: int, hidden: float = 0.0) -> RoundFeedback:
     return RoundFeedback(
-        request=request, drafter="eagle", position=position, tokens=torch.arange(rows) % TINY_VOCAB,
-        drafted=torch.arange(rows), num_accepted=rows - 1, hidden=torch.full((rows, HIDDEN), hidden),
-        top_ids=torch.zeros(rows, 16, dtype=torch.long), top_probs=torch.full((rows, 16), 1 / 16),
+        request=request,
+        drafter="eagle",
+        position=position,
+        tokens=torch.arange(rows) % TINY_VOCAB,
+        drafted=torch.arange(rows),
+        num_accepted=rows - 1,
+        hidden=torch.full((rows, HIDDEN), hidden),
+        top_ids=torch.zeros(rows, 16, dtype=torch.long),
+        top_probs=torch.full((rows, 16), 1 / 16),
     )
 
 
 def prefill(prompt_length: int) -> RoundFeedback:
     """A prefill's feedback with the target's view of every prompt token."""
     return RoundFeedback(
-        request=0, drafter=None, position=0, tokens=torch.arange(prompt_length) % TINY_VOCAB,
-        drafted=torch.empty(0, dtype=torch.long), num_accepted=0, hidden=torch.randn(prompt_length, HIDDEN),
-        top_ids=torch.randint(0, 80, (prompt_length, 16)), top_probs=torch.full((prompt_length, 16), 1 / 16),
+        request=0,
+        drafter=None,
+        position=0,
+        tokens=torch.arange(prompt_length) % TINY_VOCAB,
+        drafted=torch.empty(0, dtype=torch.long),
+        num_accepted=0,
+        hidden=torch.randn(prompt_length, HIDDEN),
+        top_ids=torch.randint(0, 80, (prompt_length, 16)),
+        top_probs=torch.full((prompt_length, 16), 1 / 16),
     )
 
 
@@ -203,8 +218,15 @@ def test_the_buffer_stays_bounded_on_an_endless_stream():
 def test_traces_come_with_the_tokens_of_their_request_before_them():
     def round_(request: int, position: int, tokens: list[int], rows: int) -> RoundFeedback:
         return RoundFeedback(
-            request=request, drafter=None, position=position, tokens=torch.tensor(tokens), drafted=torch.arange(rows - 1),
-            num_accepted=rows - 1, hidden=None, top_ids=torch.zeros(rows, 16, dtype=torch.long), top_probs=torch.ones(rows, 16) / 16,
+            request=request,
+            drafter=None,
+            position=position,
+            tokens=torch.tensor(tokens),
+            drafted=torch.arange(rows - 1),
+            num_accepted=rows - 1,
+            hidden=None,
+            top_ids=torch.zeros(rows, 16, dtype=torch.long),
+            top_probs=torch.ones(rows, 16) / 16,
         )
 
     buffer = FeedbackBuffer(capacity=6)
@@ -278,11 +300,19 @@ def test_the_guard_rolls_back_when_acceptance_falls(sharp_target):
     learner.learn()  # the guard remembers these weights, then the step changes them
     assert learner.stats.steps == 1
     for position in range(24, 32):  # nothing accepted any more: one verified token per round
-        learner.observe(RoundFeedback(
-            request=0, drafter="eagle", position=position, tokens=torch.tensor([1]), drafted=torch.arange(3),
-            num_accepted=0, hidden=torch.zeros(1, HIDDEN), top_ids=torch.zeros(1, 16, dtype=torch.long),
-            top_probs=torch.ones(1, 16) / 16,
-        ))
+        learner.observe(
+            RoundFeedback(
+                request=0,
+                drafter="eagle",
+                position=position,
+                tokens=torch.tensor([1]),
+                drafted=torch.arange(3),
+                num_accepted=0,
+                hidden=torch.zeros(1, HIDDEN),
+                top_ids=torch.zeros(1, 16, dtype=torch.long),
+                top_probs=torch.ones(1, 16) / 16,
+            )
+        )
     learner.learn()
     assert learner.stats.rollbacks == 1
     assert all(torch.equal(good[key], value) for key, value in drafter.module.state_dict().items())

@@ -14,11 +14,10 @@ import pytest
 import torch
 
 from evospec import engine as engine_module
-from evospec.config import GenerationConfig
+from evospec.config import GenerationConfig, LoadConfig
 from evospec.drafters import NgramDrafter, PredictionDrafter, SmallLMDrafter, SuffixDrafter
 from evospec.engine import Engine
 from evospec.generation import TextGenerator, build_engine, encode_prompt
-from evospec.config import LoadConfig
 from evospec.models.backend import LoadedModel
 from evospec.models.loading import load_model
 from evospec.rescore import greedy_gaps
@@ -57,8 +56,10 @@ def exact_smollm() -> LoadedModel:
 def plain(smollm) -> dict[str, list[int]]:
     """evospec's plain decoding of each chat prompt: one-token steps, the context settings of every test."""
     generator = TextGenerator(smollm, build_engine(smollm, []))
-    return {prompt: generator.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW), chat=True).token_ids
-            for prompt in PROMPTS}
+    return {
+        prompt: generator.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW), chat=True).token_ids
+        for prompt in PROMPTS
+    }
 
 
 def edited_prediction(model: LoadedModel, output: list[int]) -> str:
@@ -70,8 +71,13 @@ def edited_prediction(model: LoadedModel, output: list[int]) -> str:
 
 
 def generator_for(model: LoadedModel, kind: str) -> TextGenerator:
-    drafter = {"none": lambda: None, "ngram": NgramDrafter, "suffix": SuffixDrafter, "prediction": PredictionDrafter,
-               "self": lambda: SmallLMDrafter(model.new_lm(), "self")}[kind]()
+    drafter = {
+        "none": lambda: None,
+        "ngram": NgramDrafter,
+        "suffix": SuffixDrafter,
+        "prediction": PredictionDrafter,
+        "self": lambda: SmallLMDrafter(model.new_lm(), "self"),
+    }[kind]()
     return TextGenerator(model, build_engine(model, [drafter] if drafter else []))
 
 
@@ -113,19 +119,24 @@ def test_rescoring_catches_a_verifier_that_accepts_one_token_too_many(smollm, mo
         if verdict.num_accepted == draft.size:
             return verdict
         accepted = verdict.num_accepted + 1  # the first rejected draft token slips through
-        return Verdict(accepted, [*draft.tokens[:accepted].tolist(), int(logits[accepted].argmax())], verdict.target_argmax)
+        return Verdict(
+            accepted, [*draft.tokens[:accepted].tolist(), int(logits[accepted].argmax())], verdict.target_argmax
+        )
 
     monkeypatch.setattr(engine_module, "verify", accepts_one_more)
     generator = generator_for(smollm, "ngram")
     rescorer = smollm.new_lm()
     config = GenerationConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=8)
-    gaps = [float(greedy_gaps(rescorer, result.prompt_ids, result.token_ids).max())
-            for result in (generator.generate(prompt, config, chat=True) for prompt in PROMPTS)]
+    gaps = [
+        float(greedy_gaps(rescorer, result.prompt_ids, result.token_ids).max())
+        for result in (generator.generate(prompt, config, chat=True) for prompt in PROMPTS)
+    ]
     assert max(gaps) > 4 * GAP, gaps
 
 
 def test_an_exact_verification_row_equals_a_one_token_step(exact_smollm):
-    """Exact mode: rows of one verification (chunked past exact_rows) are bit-identical to one-token steps, after a trim."""
+    """Exact mode: rows of one verification (chunked past exact_rows) are bit-identical to one-token
+    steps, after a trim."""
     lm = exact_smollm.new_lm()
     ids = encode_prompt(exact_smollm, PROMPTS[0], chat=True)
     lm.forward(ids, num_logits=1)
@@ -175,7 +186,10 @@ def test_a_prompt_pass_reads_every_chunk_of_a_long_prompt(smollm):
     assert len(ids) > smollm.model.config.batch_size
     white_box = smollm.new_lm(hidden_states=True)
     passed = white_box.forward_prompt(ids, top_k=8, rows=1024)
-    assert passed.hidden.shape == (700, smollm.model.hidden_size) and passed.top_ids.shape == passed.top_probs.shape == (700, 8)
+    assert passed.hidden.shape == (
+        700,
+        smollm.model.hidden_size,
+    ) and passed.top_ids.shape == passed.top_probs.shape == (700, 8)
     assert white_box.length == 700
     white_box.reset()
     last, last_hidden = white_box.forward_with_hidden(ids, num_logits=1)
@@ -192,8 +206,12 @@ def test_a_prompt_pass_reads_every_chunk_of_a_long_prompt(smollm):
 
 def test_a_small_lm_drafter_on_llamacpp_is_lossless_with_early_stop(exact_smollm, plain):
     target = exact_smollm.new_lm()
-    engine = Engine(target, [SmallLMDrafter(exact_smollm.new_lm(), "self")], exact_smollm.eos_token_ids,
-                    exact_smollm.model.context_length)
+    engine = Engine(
+        target,
+        [SmallLMDrafter(exact_smollm.new_lm(), "self")],
+        exact_smollm.eos_token_ids,
+        exact_smollm.model.context_length,
+    )
     prompt_ids = encode_prompt(exact_smollm, PROMPTS[2], chat=True)
     tokens = engine.generate(prompt_ids, GenerationConfig(max_new_tokens=MAX_NEW), SpecStats())
     taken = [next(tokens) for _ in range(6)]

@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SAVED_WORDS, word_tokenizer
 from evospec.config import BACKENDS, LoadConfig
 from evospec.errors import EvospecError
 from evospec.models import loading
+
+from conftest import SAVED_WORDS, word_tokenizer
+
 
 def test_eos_ids_context_length_and_tokenizer_identity(saved_model: Path) -> None:
     loaded = loading.load_model(str(saved_model), "hf", LoadConfig(dtype="fp32"))
@@ -28,7 +30,9 @@ def test_a_missing_model_is_a_user_error_naming_the_aliases(spec: str) -> None:
 
 
 def test_every_backend_the_cli_names_is_registered_and_an_unknown_one_is_a_clear_error(saved_model: Path) -> None:
-    assert set(loading.BACKENDS) == set(BACKENDS) and all(name == backend.name for name, backend in loading.BACKENDS.items())
+    assert set(loading.BACKENDS) == set(BACKENDS) and all(
+        name == backend.name for name, backend in loading.BACKENDS.items()
+    )
     with pytest.raises(EvospecError, match="unknown backend 'vllm'"):
         loading.load_model(str(saved_model), "vllm")
 

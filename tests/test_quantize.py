@@ -11,9 +11,9 @@ from torch import nn
 from evospec.config import GenerationConfig
 from evospec.drafters import NgramDrafter, SmallLMDrafter
 from evospec.engine import Engine
+from evospec.models.hf import CachedLM
 from evospec.models.quantize import Int8WeightLinear, quantize_int8_weights
 from evospec.stats import SpecStats
-from evospec.models.hf import CachedLM
 
 from conftest import random_prompts, reference_greedy
 

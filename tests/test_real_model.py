@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from evospec.config import GenerationConfig
+from evospec.config import GenerationConfig, LoadConfig
 from evospec.drafters import NgramDrafter, SmallLMDrafter
 from evospec.generation import TextGenerator, build_engine, encode_prompt
-from evospec.config import LoadConfig
-from evospec.models.loading import load_model
 from evospec.models.hf import CachedLM
+from evospec.models.loading import load_model
 
 from conftest import reference_greedy
 
@@ -42,7 +41,9 @@ def expected(smollm) -> dict[str, list[int]]:
 @pytest.mark.parametrize("k", [1, 3, 8])
 @pytest.mark.parametrize("drafter_kind", ["none", "ngram", "self"])
 def test_greedy_equals_plain_decoding(smollm, expected, drafter_kind, k):
-    drafter = {"none": None, "ngram": NgramDrafter(), "self": SmallLMDrafter(CachedLM(smollm.model), "self")}[drafter_kind]
+    drafter = {"none": None, "ngram": NgramDrafter(), "self": SmallLMDrafter(CachedLM(smollm.model), "self")}[
+        drafter_kind
+    ]
     generator = TextGenerator(smollm, build_engine(smollm, [drafter] if drafter else []))
     config = GenerationConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=k)
     for prompt in PROMPTS:
@@ -65,6 +66,8 @@ def test_streamed_text_is_the_decoded_ids_and_stops_before_a_stop_string(smollm)
 
 
 def test_finish_reason_length(smollm):
-    result = TextGenerator(smollm, build_engine(smollm, [])).generate(PROMPTS[0], GenerationConfig(max_new_tokens=5), chat=True)
+    result = TextGenerator(smollm, build_engine(smollm, [])).generate(
+        PROMPTS[0], GenerationConfig(max_new_tokens=5), chat=True
+    )
     assert result.finish_reason == "length" and len(result.token_ids) == 5
     assert result.stats.tau == 1.0 and result.stats.acceptance_rate is None

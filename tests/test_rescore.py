@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import random_prompts, reference_greedy
 from evospec import engine as engine_module
 from evospec.config import GenerationConfig
 from evospec.drafters import NgramDrafter, SmallLMDrafter
 from evospec.engine import Engine
+from evospec.models.hf import CachedLM
 from evospec.rescore import greedy_gaps
 from evospec.stats import SpecStats
-from evospec.models.hf import CachedLM
 from evospec.types import Verdict
 from evospec.verify import verify
+
+from conftest import random_prompts, reference_greedy
 
 
 def outputs(engine: Engine, prompts: list[list[int]], k: int) -> list[list[int]]:
@@ -41,13 +42,17 @@ def test_a_verifier_that_accepts_a_rejected_token_leaves_a_gap(tiny_target, tiny
         if verdict.num_accepted == draft.size:
             return verdict
         accepted = verdict.num_accepted + 1
-        return Verdict(accepted, [*draft.tokens[:accepted].tolist(), int(logits[accepted].argmax())], verdict.target_argmax)
+        return Verdict(
+            accepted, [*draft.tokens[:accepted].tolist(), int(logits[accepted].argmax())], verdict.target_argmax
+        )
 
     monkeypatch.setattr(engine_module, "verify", accepts_one_more)
     prompts = random_prompts(6, seed=4)
     engine = Engine(CachedLM(tiny_target), [SmallLMDrafter(CachedLM(tiny_drafter), "noisy")], frozenset(), 256)
-    gaps = [float(greedy_gaps(CachedLM(tiny_target), prompt, output).max()) for prompt, output in
-            zip(prompts, outputs(engine, prompts, k=4))]
+    gaps = [
+        float(greedy_gaps(CachedLM(tiny_target), prompt, output).max())
+        for prompt, output in zip(prompts, outputs(engine, prompts, k=4))
+    ]
     assert max(gaps) > 0.0, gaps  # where kernels are batch-invariant, any gap is a defect
 
 

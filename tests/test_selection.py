@@ -12,7 +12,15 @@ import torch
 from evospec.config import SamplingConfig
 from evospec.errors import EvospecError
 from evospec.sampling import Sampler
-from evospec.selection import REWARDS, SELECTORS, SelectorConfig, block_divergence, block_efficiency, build_selector, round_speed
+from evospec.selection import (
+    REWARDS,
+    SELECTORS,
+    SelectorConfig,
+    block_divergence,
+    block_efficiency,
+    build_selector,
+    round_speed,
+)
 from evospec.types import Draft, RoundTime, Verdict
 from evospec.verify import verify_greedy
 
@@ -33,7 +41,9 @@ def test_block_divergence_sums_min_p_q_per_position():
     draft = Draft(torch.tensor([1, 2]), q)
     expected = ((0.2 + 0.3 + 0.2) + (0.1 + 0.0 + 0.8)) / 2
     assert block_divergence(logits_of(p), draft, NO_VERDICT, SAMPLED, k=2, time=TIME) == pytest.approx(expected)
-    assert block_divergence(logits_of(p), draft, NO_VERDICT, SAMPLED, k=4, time=TIME) == pytest.approx(expected / 2)  # asked 4, drafted 2
+    assert block_divergence(logits_of(p), draft, NO_VERDICT, SAMPLED, k=4, time=TIME) == pytest.approx(
+        expected / 2
+    )  # asked 4, drafted 2
 
 
 def test_block_divergence_with_a_one_hot_q_is_p_of_the_drafted_tokens():
@@ -49,7 +59,10 @@ def test_greedy_block_divergence_counts_positions_where_the_draft_is_the_targets
     assert block_divergence(logits_of(p), draft, verdict, GREEDY, k=3, time=TIME) == pytest.approx(2 / 3)
     assert block_efficiency(logits_of(p), draft, Verdict(0, [0]), GREEDY, k=3, time=TIME) == 0.0
     assert block_efficiency(logits_of(p), draft, Verdict(3, [1, 2, 1, 0]), GREEDY, k=3, time=TIME) == 1.0
-    assert block_divergence(logits_of(p), Draft(torch.empty(0, dtype=torch.long), None), verdict, GREEDY, k=3, time=TIME) == 0.0
+    assert (
+        block_divergence(logits_of(p), Draft(torch.empty(0, dtype=torch.long), None), verdict, GREEDY, k=3, time=TIME)
+        == 0.0
+    )
 
 
 def test_round_speed_is_the_rounds_speedup_over_plain_decoding_squashed_into_0_1():
@@ -57,13 +70,15 @@ def test_round_speed_is_the_rounds_speedup_over_plain_decoding_squashed_into_0_1
     draft = Draft(torch.tensor([1, 1, 0]), None)
     verdict = verify_greedy(logits_of(p), draft.tokens)  # two accepted, then the target's own token
     speedup = 3 * 0.1 / (0.1 + 0.3)  # 3 tokens in 0.4 s; plain decoding makes one per 0.1 s
-    assert round_speed(logits_of(p), draft, verdict, GREEDY, 3, RoundTime(0.1, 0.3, 0.1)) == pytest.approx(speedup / (1 + speedup))
+    assert round_speed(logits_of(p), draft, verdict, GREEDY, 3, RoundTime(0.1, 0.3, 0.1)) == pytest.approx(
+        speedup / (1 + speedup)
+    )
     empty = Draft(torch.empty(0, dtype=torch.long), None)  # nothing to propose: a plain step, speedup 1
     assert round_speed(logits_of(p), empty, Verdict(0, [1]), GREEDY, 3, RoundTime(0.0, 0.1, 0.1)) == pytest.approx(0.5)
 
 
 def test_ucb_on_speed_prefers_the_faster_arm_where_ucb_on_agreement_prefers_the_closer_one():
-    """"slow" agrees more but drafts for twice a verification: 3.4 tokens per 3 time units against
+    """ "slow" agrees more but drafts for twice a verification: 3.4 tokens per 3 time units against
     "fast"'s 1.5 per unit. A bandit on block divergence picks slow, one on round speed picks fast."""
     p = torch.tensor([[0.1, 0.9]] * 4).log()
     outcomes = {"slow": (0.8, 2.0), "fast": (0.5, 0.0)}  # chance that the whole draft is right; draft_s per verify_s
@@ -117,6 +132,7 @@ def test_every_bandit_prefers_the_best_arm(name):
 def test_gaussian_thompson_concentrates_where_rewards_differ_by_hundredths_and_ucb_does_not():
     """Round-speed rewards: means 0.50, 0.53, 0.47 with spread 0.05. UCB's bonus is scaled for rewards
     anywhere in [0, 1] and keeps pulling every arm; Thompson sampling with each arm's own spread does not."""
+
     def best_arm_share(name: str, seed: int) -> float:
         selector, rng = build_selector(name, ["a", "b", "c"], SelectorConfig(seed=seed)), random.Random(seed)
         for _ in range(2000):
@@ -180,7 +196,12 @@ def test_an_arm_that_sleeps_through_a_request_is_never_selected_and_keeps_what_i
 
 @pytest.mark.parametrize(
     ("spec", "message"),
-    [("nope", "unknown selector"), ("fixed", "needs a drafter"), ("fixed:z", "names no drafter"), ("exp3:1", "no argument")],
+    [
+        ("nope", "unknown selector"),
+        ("fixed", "needs a drafter"),
+        ("fixed:z", "names no drafter"),
+        ("exp3:1", "no argument"),
+    ],
 )
 def test_bad_selector_specs_are_clear_errors(spec, message):
     with pytest.raises(EvospecError, match=message):
@@ -188,7 +209,17 @@ def test_bad_selector_specs_are_clear_errors(spec, message):
 
 
 def test_the_registry_lists_the_issues_selectors():
-    assert set(SELECTORS) == {"ucb-bd", "ucb-be", "ucb-speed", "exp3", "thompson", "thompson-speed", "egreedy", "round-robin", "fixed"}
+    assert set(SELECTORS) == {
+        "ucb-bd",
+        "ucb-be",
+        "ucb-speed",
+        "exp3",
+        "thompson",
+        "thompson-speed",
+        "egreedy",
+        "round-robin",
+        "fixed",
+    }
 
 
 @pytest.mark.parametrize("name", sorted(set(SELECTORS) - {"fixed"}) + ["fixed:b"])

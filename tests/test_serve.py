@@ -24,7 +24,6 @@ import pytest
 import torch
 import uvicorn
 
-from conftest import TINY_VOCAB, load_script, tiny_model, word_tokenizer
 from evospec.cli import main
 from evospec.config import GenerationConfig, LoadConfig
 from evospec.drafters.registry import build_drafter, new_white_box_drafter
@@ -39,6 +38,8 @@ from evospec.serve.config import ServerConfig
 from evospec.serve.state import SAVE_DELAY_ENV, StateStore
 from evospec.serve.worker import Served
 
+from conftest import TINY_VOCAB, load_script, tiny_model, word_tokenizer
+
 MODEL = "tiny"
 FP32 = LoadConfig(dtype="fp32")
 KEY = "sk-test"
@@ -47,12 +48,18 @@ MAX_NEW = 24  # the server's default max_tokens, and what the tests ask for
 LIMITS = {"max_prompt_tokens": 40, "max_prediction_tokens": 60, "max_tokens_limit": 200, "max_body_bytes": 16_384}
 DRAFTERS = ("ngram", "suffix", "prediction")
 WORDS = ["<unk>", "<eos>", "system", "user", "assistant", *(f"w{i}" for i in range(TINY_VOCAB - 5))]
-CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
-                 "{% if add_generation_prompt %}assistant{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}assistant{% endif %}"
+)
 LONG = "w10 w11 w10 w11 w12"  # its greedy continuation runs past 200 tokens without EOS
 PROMPTS = ["w1 w2 w3 w4 w1 w2", "w7 w8 w9", LONG, "w40"]  # "w40" ends on EOS
-CONVERSATION = [{"role": "system", "content": "w5 w6"}, {"role": "user", "content": "w1 w2 w3"},
-                {"role": "assistant", "content": "w4"}, {"role": "user", "content": "w1 w2"}]
+CONVERSATION = [
+    {"role": "system", "content": "w5 w6"},
+    {"role": "user", "content": "w1 w2 w3"},
+    {"role": "assistant", "content": "w4"},
+    {"role": "user", "content": "w1 w2"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +75,33 @@ def model_dir(tmp_path_factory) -> str:
 
 def model_args(model_dir: str) -> list[str]:
     """The same target and drafters for `evospec generate` and the server."""
-    return ["--target", model_dir, "--backend", "hf", "--dtype", "fp32", *(f"--drafter={spec}" for spec in DRAFTERS),
-            "--k", str(K)]
+    return [
+        "--target",
+        model_dir,
+        "--backend",
+        "hf",
+        "--dtype",
+        "fp32",
+        *(f"--drafter={spec}" for spec in DRAFTERS),
+        "--k",
+        str(K),
+    ]
 
 
 def evospec_generate(model_dir: str, prompt: str, chat: bool = False) -> dict:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        status = main(["generate", prompt, *model_args(model_dir), "--max-new-tokens", str(MAX_NEW), "--json",
-                       *(["--chat"] if chat else [])])
+        status = main(
+            [
+                "generate",
+                prompt,
+                *model_args(model_dir),
+                "--max-new-tokens",
+                str(MAX_NEW),
+                "--json",
+                *(["--chat"] if chat else []),
+            ]
+        )
     assert status == 0
     return json.loads(out.getvalue())
 
@@ -93,7 +118,11 @@ def expected(model_dir) -> dict[str, dict]:
 def load_served(model_dir: str, specs: tuple[str, ...] = DRAFTERS) -> Served:
     target = load_model(model_dir, "hf", FP32)
     drafters = [build_drafter(spec, target, FP32) for spec in specs]
-    return Served(TextGenerator(target, build_engine(target, drafters, selector=build_selector("ucb-bd", [d.name for d in drafters]))))
+    return Served(
+        TextGenerator(
+            target, build_engine(target, drafters, selector=build_selector("ucb-bd", [d.name for d in drafters]))
+        )
+    )
 
 
 def wait_for(url: str, statuses: tuple[int, ...], timeout_s: float = 60.0) -> None:
@@ -182,7 +211,11 @@ def metric(url: str, name: str) -> float:
 def completion_text(openai_client: openai.OpenAI, prompt: str, stream: bool, max_tokens: int = MAX_NEW):
     """(text, finish_reason, usage) of a greedy completion, streamed or not."""
     response = openai_client.completions.create(
-        model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=stream,
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=stream,
         stream_options={"include_usage": True} if stream else None,
     )
     if not stream:
@@ -205,8 +238,9 @@ def test_completions_say_what_evospec_generate_says(server, expected, stream):
 @pytest.mark.parametrize("stream", [False, True])
 def test_chat_says_what_evospec_generate_chat_says(server, expected, stream):
     messages = [{"role": "user", "content": "w1 w2 w3"}]
-    response = client(server).chat.completions.create(model=MODEL, messages=messages, max_tokens=MAX_NEW,
-                                                      temperature=0, stream=stream)
+    response = client(server).chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=MAX_NEW, temperature=0, stream=stream
+    )
     if stream:
         chunks = list(response)
         assert chunks[0].choices[0].delta.role == "assistant"
@@ -221,8 +255,9 @@ def test_chat_says_what_evospec_generate_chat_says(server, expected, stream):
 def test_chat_takes_the_whole_conversation(server, model_dir):
     generator = load_served(model_dir).generator
     reference = generator.generate(CONVERSATION, GenerationConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=K))
-    answer = client(server).chat.completions.create(model=MODEL, messages=CONVERSATION, temperature=0,
-                                                    max_completion_tokens=MAX_NEW)
+    answer = client(server).chat.completions.create(
+        model=MODEL, messages=CONVERSATION, temperature=0, max_completion_tokens=MAX_NEW
+    )
     assert answer.choices[0].message.content == reference.text
     assert answer.usage.prompt_tokens == len(reference.prompt_ids) > 10
 
@@ -232,18 +267,29 @@ def test_models_and_metrics(server):
     client(server).completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=MAX_NEW, temperature=0)
     response = httpx.get(f"{server}/metrics", headers={"Authorization": f"Bearer {KEY}"})
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
-    for name in ('vllm:spec_decode_num_drafts_total{drafter="ngram"}',
-                 'vllm:spec_decode_num_draft_tokens_total{drafter="ngram"}',
-                 'vllm:spec_decode_num_accepted_tokens_total{drafter="ngram"}',
-                 'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"}',
-                 'evospec:selector_pulls_total{drafter="suffix"}', 'vllm:generation_tokens_total',
-                 'vllm:request_success_total{finished_reason="length"}'):
+    for name in (
+        'vllm:spec_decode_num_drafts_total{drafter="ngram"}',
+        'vllm:spec_decode_num_draft_tokens_total{drafter="ngram"}',
+        'vllm:spec_decode_num_accepted_tokens_total{drafter="ngram"}',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"}',
+        'evospec:selector_pulls_total{drafter="suffix"}',
+        "vllm:generation_tokens_total",
+        'vllm:request_success_total{finished_reason="length"}',
+    ):
         assert metric(server, name) > 0, name
     assert "evospec:drafter_version 0.0" in response.text
 
 
-def bad(name: str, path: str, status: int, *, body=None, content: bytes | None = None, key: str | None = KEY,
-        method: str = "POST"):
+def bad(
+    name: str,
+    path: str,
+    status: int,
+    *,
+    body=None,
+    content: bytes | None = None,
+    key: str | None = KEY,
+    method: str = "POST",
+):
     return pytest.param(method, path, body, content, key, status, id=name)
 
 
@@ -273,10 +319,30 @@ BAD_CASES = [
     bad("role-unknown", "/v1/chat/completions", 400, body={**CHAT, "messages": [{"role": "x", "content": "w1"}]}),
     bad("content-not-text", "/v1/chat/completions", 400, body={**CHAT, "messages": [{"role": "user", "content": 1}]}),
     bad("prediction-a-string", "/v1/chat/completions", 400, body={**CHAT, "prediction": "w1 w2"}),
-    bad("prediction-wrong-type", "/v1/chat/completions", 400, body={**CHAT, "prediction": {"type": "text", "content": "w1"}}),
-    bad("prediction-image-part", "/v1/chat/completions", 400, body={**CHAT, "prediction": {
-        "type": "content", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}}),
-    bad("prediction-too-long", "/v1/completions", 400, body={**PROMPT, "prediction": {"type": "content", "content": "w1 " * 100}}),
+    bad(
+        "prediction-wrong-type",
+        "/v1/chat/completions",
+        400,
+        body={**CHAT, "prediction": {"type": "text", "content": "w1"}},
+    ),
+    bad(
+        "prediction-image-part",
+        "/v1/chat/completions",
+        400,
+        body={
+            **CHAT,
+            "prediction": {
+                "type": "content",
+                "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}],
+            },
+        },
+    ),
+    bad(
+        "prediction-too-long",
+        "/v1/completions",
+        400,
+        body={**PROMPT, "prediction": {"type": "content", "content": "w1 " * 100}},
+    ),
     bad("no-api-key", "/v1/completions", 401, body=PROMPT, key=None),
     bad("wrong-api-key", "/v1/completions", 401, body=PROMPT, key="sk-wrong"),
     bad("metrics-wrong-api-key", "/metrics", 401, key="sk-wrong", method="GET"),
@@ -307,20 +373,30 @@ def test_a_prediction_is_drafted_and_its_tokens_are_counted_as_openai_counts_the
     for kind, prediction in predictions.items():
         parts = [{"type": "text", "text": prediction[:5]}, {"type": "text", "text": prediction[5:]}]
         response = client(server).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "w1 w2 w3"}], max_tokens=MAX_NEW, temperature=0,
-            prediction={"type": "content", "content": parts if kind == "edited" else prediction}, stream=stream,
+            model=MODEL,
+            messages=[{"role": "user", "content": "w1 w2 w3"}],
+            max_tokens=MAX_NEW,
+            temperature=0,
+            prediction={"type": "content", "content": parts if kind == "edited" else prediction},
+            stream=stream,
             stream_options={"include_usage": True} if stream else None,
         )
         if stream:
             chunks = list(response)
-            text, usage = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices), chunks[-1].usage
+            text, usage = (
+                "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices),
+                chunks[-1].usage,
+            )
         else:
             text, usage = response.choices[0].message.content, response.usage
         assert text == answer["text"], kind
         details = usage.completion_tokens_details
         drafted = usage.model_extra["spec_decode"]["drafters"].get("prediction", {})
         assert details.accepted_prediction_tokens == drafted.get("num_accepted_tokens", 0)
-        assert details.rejected_prediction_tokens == drafted.get("num_draft_tokens", 0) - details.accepted_prediction_tokens
+        assert (
+            details.rejected_prediction_tokens
+            == drafted.get("num_draft_tokens", 0) - details.accepted_prediction_tokens
+        )
         if kind == "right":
             assert details.accepted_prediction_tokens > 0
 
@@ -328,7 +404,9 @@ def test_a_prediction_is_drafted_and_its_tokens_are_counted_as_openai_counts_the
 def test_a_prediction_needs_the_prediction_drafter(model_dir):
     with serving(ServerConfig(), lambda: load_served(model_dir, ("ngram",))) as url:
         wait_healthy(url)
-        response = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "prediction": {"type": "content", "content": "w1"}})
+        response = httpx.post(
+            f"{url}/v1/chat/completions", json={**CHAT, "prediction": {"type": "content", "content": "w1"}}
+        )
         assert response.status_code == 400 and "--drafter prediction" in response.json()["error"]["message"]
         assert httpx.post(f"{url}/v1/chat/completions", json=CHAT).status_code == 200
 
@@ -378,7 +456,9 @@ def learning_server(model_dir: str) -> Served:
     """The tiny target with a fresh eagle drafter that an OGD learner trains every other round."""
     target = load_model(model_dir, "hf", FP32)
     torch.manual_seed(0)
-    drafter = new_white_box_drafter("eagle", target, config=WhiteBoxConfig("eagle", 64, head_vocab=80, intermediate_size=96))
+    drafter = new_white_box_drafter(
+        "eagle", target, config=WhiteBoxConfig("eagle", 64, head_vocab=80, intermediate_size=96)
+    )
     learner = build_learner("ogd", drafter, LearnerConfig(every=2, batch_rows=16))
     return Served.with_learners(TextGenerator(target, build_engine(target, [drafter], learners=[learner])))
 
@@ -427,8 +507,12 @@ def test_state_store_keeps_components_whose_names_are_no_file_names(tmp_path):
     names = ("learner:lora:models/qwen", "learner:eagle")
     store.save({name: Weights(float(index)) for index, name in enumerate(names)}, drafter_version=1)
     assert sorted(path.name for path in (tmp_path / "00000001").iterdir()) == [
-        "learner_eagle.json", "learner_eagle.safetensors", "learner_lora_models_qwen.json",
-        "learner_lora_models_qwen.safetensors", "manifest.json"]
+        "learner_eagle.json",
+        "learner_eagle.safetensors",
+        "learner_lora_models_qwen.json",
+        "learner_lora_models_qwen.safetensors",
+        "manifest.json",
+    ]
     restored = {name: Weights(7.0) for name in names}
     assert store.load(restored).sequence == 1
     assert [float(restored[name].weight[0, 0]) for name in names] == [0.0, 1.0]
@@ -461,9 +545,23 @@ def free_port() -> int:
 def start_server(model_dir: str, state_dir: Path, log: Path, save_every: int, env: dict[str, str]):
     """`python -m evospec.cli serve` in a process of its own, output appended to log; (process, URL) once healthy."""
     port = free_port()
-    command = [sys.executable, "-m", "evospec.cli", "serve", *model_args(model_dir), "--served-model-name", MODEL,
-               "--port", str(port), "--state-dir", str(state_dir), "--save-every", str(save_every),
-               "--max-new-tokens", str(MAX_NEW)]
+    command = [
+        sys.executable,
+        "-m",
+        "evospec.cli",
+        "serve",
+        *model_args(model_dir),
+        "--served-model-name",
+        MODEL,
+        "--port",
+        str(port),
+        "--state-dir",
+        str(state_dir),
+        "--save-every",
+        str(save_every),
+        "--max-new-tokens",
+        str(MAX_NEW),
+    ]
     process = subprocess.Popen(command, stdout=log.open("ab"), stderr=subprocess.STDOUT, env={**os.environ, **env})
     url = f"http://127.0.0.1:{port}"
     wait_healthy(url)

@@ -69,7 +69,10 @@ def test_unknown_alias_lists_the_known_ones() -> None:
 
 def test_zoo_entries_are_consistent() -> None:
     assert set(zoo.ZOO) == {
-        "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m"
+        "qwen2.5-coder-1.5b-instruct",
+        "qwen2.5-coder-0.5b-instruct",
+        "smollm2-135m-instruct",
+        "gemma-3-270m",
     }
     for alias, entry in zoo.ZOO.items():
         assert entry.alias == alias
@@ -84,8 +87,12 @@ def fake_zoo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[zoo.ZooEn
     monkeypatch.setenv("EVOSPEC_HOME", str(tmp_path / "home"))
     entry = replace(
         zoo.ZOO["smollm2-135m-instruct"],
-        alias="fake", wheels=("fake-part1==1.0", "fake-part2==1.0"), member="fake_part*/data/part*.bin",
-        size=len(WHOLE), sha256=SHA, gguf_name="fake.gguf",
+        alias="fake",
+        wheels=("fake-part1==1.0", "fake-part2==1.0"),
+        member="fake_part*/data/part*.bin",
+        size=len(WHOLE),
+        sha256=SHA,
+        gguf_name="fake.gguf",
     )
     monkeypatch.setitem(zoo.ZOO, "fake", entry)
     calls: list[str] = []

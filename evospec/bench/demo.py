@@ -51,9 +51,11 @@ def run_demo(target_spec: str, config: GenerationConfig, backend: str | None, lo
     target = load_model(target_spec, backend, load)
     methods = build_methods([PLAIN, EVOSPEC], target, None, config.num_speculative_tokens, predictions=True)
     cpu = cpu_description()
-    table = Table(title=f"{target.name} on {target.backend.name}, greedy, draft length adaptive up to "
-                        f"{config.num_speculative_tokens}; {cpu['model']}, {'AVX512-BF16' if cpu['avx512_bf16'] else 'AVX2'}, "
-                        f"{cpu['threads']} threads")
+    table = Table(
+        title=f"{target.name} on {target.backend.name}, greedy, draft length adaptive up to "
+        f"{config.num_speculative_tokens}; {cpu['model']}, {'AVX512-BF16' if cpu['avx512_bf16'] else 'AVX2'}, "
+        f"{cpu['threads']} threads"
+    )
     for column in ("task", "method", "tokens", "tau", "decode tokens/s", "speedup", "what it shows"):
         table.add_column(column)
     for task in tqdm(demo_tasks(), desc="demo", unit="task"):
@@ -64,10 +66,18 @@ def run_demo(target_spec: str, config: GenerationConfig, backend: str | None, lo
         plain_rate = runs[PLAIN].decode_tokens_per_s
         for name, stats in runs.items():
             label = "plain decoding" if name == PLAIN else "evospec (ngram, suffix, prediction)"
-            table.add_row(task.title if name == PLAIN else "", label, str(stats.new_tokens), f"{stats.tau:.2f}",
-                          f"{stats.decode_tokens_per_s:.1f}", f"{stats.decode_tokens_per_s / plain_rate:.2f}x",
-                          task.why if name == PLAIN else "")
+            table.add_row(
+                task.title if name == PLAIN else "",
+                label,
+                str(stats.new_tokens),
+                f"{stats.tau:.2f}",
+                f"{stats.decode_tokens_per_s:.1f}",
+                f"{stats.decode_tokens_per_s / plain_rate:.2f}x",
+                task.why if name == PLAIN else "",
+            )
     console.print(table)
     ceiling, size = target.forward_cost(config.num_speculative_tokens + 1).ceiling()
-    console.print(f"On this machine one forward of {size} tokens costs {size / ceiling:.1f} one-token steps: no drafter "
-                  f"can decode faster than {ceiling:.2f}x plain, even with every drafted token accepted.")
+    console.print(
+        f"On this machine one forward of {size} tokens costs {size / ceiling:.1f} one-token steps: no drafter "
+        f"can decode faster than {ceiling:.2f}x plain, even with every drafted token accepted."
+    )

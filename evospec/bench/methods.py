@@ -9,8 +9,8 @@ select:<selector> (either), evospec:<kind> and evospec:<kind>+<learner> for a wh
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -21,14 +21,13 @@ from evospec.drafters import Drafter, NgramDrafter, PredictionDrafter, SmallLMDr
 from evospec.drafters.registry import new_white_box_drafter
 from evospec.drafters.whitebox import checkpoint_kind
 from evospec.engine import Engine
+from evospec.errors import EvospecError
 from evospec.generation import build_engine, timing
 from evospec.learning import LEARNERS, LearnerConfig, build_learner
-from evospec.errors import EvospecError
 from evospec.models.backend import Backend, LoadedModel
 from evospec.models.loading import backend_named
 from evospec.selection import SELECTORS, build_selector
 from evospec.stats import SpecStats
-
 
 ADAPTIVE = "/k=auto"  # method-name suffix: the draft length adapts each round (draft_length.py)
 LOOKUP_TOKENS = 10  # llama-cpp-python's default draft length for prompt lookup, what its users run
@@ -83,15 +82,22 @@ class HFGenerateMethod:
         start = time.perf_counter()
         try:
             output = self.target.model.generate(
-                input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                max_new_tokens=config.max_new_tokens, eos_token_id=self.eos, pad_token_id=self.pad, **extra,
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                do_sample=False,
+                max_new_tokens=config.max_new_tokens,
+                eos_token_id=self.eos,
+                pad_token_id=self.pad,
+                **extra,
             )
         finally:
             hook.remove()
         new_tokens = output.shape[1] - len(prompt_ids)
         return SpecStats(
             num_verifications=forwards,  # the prefill gives the first token, as in evospec
-            new_tokens=new_tokens, prompt_tokens=len(prompt_ids), prefill_s=prefill_s,
+            new_tokens=new_tokens,
+            prompt_tokens=len(prompt_ids),
+            prefill_s=prefill_s,
             wall_s=time.perf_counter() - start,
         )
 
@@ -108,8 +114,12 @@ class LlamaCppCompletionMethod:
         draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None
         self.name = name
         self.llm = Llama(
-            model_path=str(target.source), n_ctx=target.context_length, n_threads=target.backend.threads(target.model),
-            n_threads_batch=target.backend.threads(target.model), draft_model=draft, verbose=False,
+            model_path=str(target.source),
+            n_ctx=target.context_length,
+            n_threads=target.backend.threads(target.model),
+            n_threads_batch=target.backend.threads(target.model),
+            draft_model=draft,
+            verbose=False,
             # With a draft model llama-cpp-python keeps every row's logits but sizes that buffer from
             # this flag (0.3.36), so a prompt longer than a batch overflows it unless it is set.
             logits_all=draft is not None,
@@ -133,7 +143,10 @@ class LlamaCppCompletionMethod:
         start = time.perf_counter()
         try:
             completion = self.llm.create_completion(
-                prompt_ids, max_tokens=config.max_new_tokens, temperature=0.0, repeat_penalty=1.0,
+                prompt_ids,
+                max_tokens=config.max_new_tokens,
+                temperature=0.0,
+                repeat_penalty=1.0,
             )
         finally:
             del self.llm.eval
@@ -141,21 +154,30 @@ class LlamaCppCompletionMethod:
         ended = completion["choices"][0]["finish_reason"] == "stop"
         return SpecStats(
             num_verifications=evals,  # the prefill gives the first token, as in evospec
-            new_tokens=completion["usage"]["completion_tokens"] + ended, prompt_tokens=len(prompt_ids),
-            prefill_s=prefill_s, wall_s=time.perf_counter() - start,
+            new_tokens=completion["usage"]["completion_tokens"] + ended,
+            prompt_tokens=len(prompt_ids),
+            prefill_s=prefill_s,
+            wall_s=time.perf_counter() - start,
         )
 
 
 def build_methods(
-    names: list[str], target: LoadedModel, draft_model: LoadedModel | None, num_speculative_tokens: int,
-    white_box: Path | None = None, learning: LearnerConfig = LearnerConfig(), predictions: bool = False,
+    names: list[str],
+    target: LoadedModel,
+    draft_model: LoadedModel | None,
+    num_speculative_tokens: int,
+    white_box: Path | None = None,
+    learning: LearnerConfig = LearnerConfig(),
+    predictions: bool = False,
 ) -> list[BenchMethod]:
     """Methods by name: evospec:<drafter> (draft_model, ngram, suffix or prediction), select:<selector>
     over all of them (the small LM only when draft_model is given, the prediction drafter only when
     the prompts carry predictions), the white-box checkpoint's drafter frozen and with each learner
     (each method its own copy), and the baselines of the target's backend."""
-    def engine(drafters: list[Drafter], adaptive: bool = False, selector: str | None = None,
-               learner: str | None = None) -> Engine:
+
+    def engine(
+        drafters: list[Drafter], adaptive: bool = False, selector: str | None = None, learner: str | None = None
+    ) -> Engine:
         arms = build_selector(selector, [d.name for d in drafters]) if selector else None
         cost, draft_length = timing(target, num_speculative_tokens, adaptive, arms)
         learners = [build_learner(learner, drafters[0], learning)] if learner else []
@@ -201,10 +223,13 @@ def build_methods(
 # Each backend's baselines (Backend.baselines): its own generation loop, as its users run it.
 BASELINES: dict[str, Callable[[LoadedModel, LoadedModel | None, int], BenchMethod]] = {
     "hf-plain": lambda target, draft_model, k: HFGenerateMethod("hf-plain", target),
-    "hf-assisted": lambda target, draft_model, k: HFGenerateMethod(f"hf-assisted:{draft_model.name}", target, draft_model),
+    "hf-assisted": lambda target, draft_model, k: HFGenerateMethod(
+        f"hf-assisted:{draft_model.name}", target, draft_model
+    ),
     "llamacpp-plain": lambda target, draft_model, k: LlamaCppCompletionMethod("llamacpp-plain", target),
     "llamacpp-lookup": lambda target, draft_model, k: LlamaCppCompletionMethod(
-        "llamacpp-lookup", target, lookup_tokens=min(k, LOOKUP_TOKENS)),
+        "llamacpp-lookup", target, lookup_tokens=min(k, LOOKUP_TOKENS)
+    ),
 }
 ASSISTED = {"hf-assisted"}  # baselines that draft with the small LM: named <baseline>:<draft model>
 
@@ -212,8 +237,11 @@ ASSISTED = {"hf-assisted"}  # baselines that draft with the small LM: named <bas
 def baselines(backend: Backend, draft_model_name: str | None) -> dict[str, str]:
     """Method name -> its BASELINES entry, for a backend's baselines in order; those that draft with
     a small LM only when there is one."""
-    return {f"{name}:{draft_model_name}" if name in ASSISTED else name: name
-            for name in backend.baselines if name not in ASSISTED or draft_model_name}
+    return {
+        f"{name}:{draft_model_name}" if name in ASSISTED else name: name
+        for name in backend.baselines
+        if name not in ASSISTED or draft_model_name
+    }
 
 
 def check_method_names(names: list[str], known: list[str]) -> None:
@@ -228,11 +256,15 @@ def all_method_names(draft_model_name: str, backend: str, white_box: Path | None
     selector's and white-box method's variant with the adaptive draft length."""
     suites = ["engine", "selection", "edit", *(["learning"] if white_box is not None else [])]
     names = [name for suite in suites for name in method_names(draft_model_name, backend, suite, white_box)]
-    adaptive = [f"{name}{ADAPTIVE}" for name in names if name.startswith(("evospec:", "select:")) and ADAPTIVE not in name]
+    adaptive = [
+        f"{name}{ADAPTIVE}" for name in names if name.startswith(("evospec:", "select:")) and ADAPTIVE not in name
+    ]
     return list(dict.fromkeys([*names, *adaptive]))
 
 
-def method_names(draft_model_name: str, backend: str, suite: str = "engine", white_box: Path | None = None) -> list[str]:
+def method_names(
+    draft_model_name: str, backend: str, suite: str = "engine", white_box: Path | None = None
+) -> list[str]:
     """The methods of a benchmark suite on a backend, baselines first.
 
     engine: baselines, plain decoding and each drafter with fixed and adaptive k; selection: each
@@ -243,8 +275,12 @@ def method_names(draft_model_name: str, backend: str, suite: str = "engine", whi
     """
     singles = [f"evospec:{draft_model_name}", "evospec:ngram", "evospec:suffix"]
     if suite == "edit":  # without a small LM
-        return [*baselines(backend_named(backend), None), "evospec-plain", *(f"evospec:{drafter}{ADAPTIVE}" for drafter in MODEL_FREE),
-                f"select:ucb-bd{ADAPTIVE}"]
+        return [
+            *baselines(backend_named(backend), None),
+            "evospec-plain",
+            *(f"evospec:{drafter}{ADAPTIVE}" for drafter in MODEL_FREE),
+            f"select:ucb-bd{ADAPTIVE}",
+        ]
     if suite == "learning":
         if white_box is None:
             raise EvospecError("the learning suite needs a white-box drafter checkpoint (--white-box DIR)")
@@ -254,6 +290,9 @@ def method_names(draft_model_name: str, backend: str, suite: str = "engine", whi
         return ["evospec-plain", *singles, *(f"select:{name}" for name in SELECTORS if name != "fixed")]
     if suite != "engine":
         raise EvospecError(f"unknown bench suite {suite!r}; choose {', '.join(SUITES)}")
-    return [*baselines(backend_named(backend), draft_model_name), "evospec-plain", *singles,
-            *(f"{name}{ADAPTIVE}" for name in singles)]
-
+    return [
+        *baselines(backend_named(backend), draft_model_name),
+        "evospec-plain",
+        *singles,
+        *(f"{name}{ADAPTIVE}" for name in singles),
+    ]

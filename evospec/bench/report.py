@@ -44,7 +44,8 @@ def summarize(runs: dict[str, list[tuple[str, SpecStats]]]) -> tuple[dict[str, A
             category: aggregate([stats for c, stats in method_runs if c == category]) for category in categories
         }
         methods[name]["per_block"] = [
-            {"block": category, **aggregate([stats for c, stats in method_runs if c == category])} for category in categories
+            {"block": category, **aggregate([stats for c, stats in method_runs if c == category])}
+            for category in categories
         ]
     _add_oracle(methods)
     plain = next((name for name in PLAIN_METHODS if name in methods), next(iter(methods)))
@@ -136,11 +137,20 @@ def plot_selection(runs: dict[str, list[tuple[str, SpecStats]]], path: Path) -> 
             for _, stats in runs[name]:
                 pulls = sum(a.pulls for a in stats.drafters.values())
                 shares.append(stats.drafters[arm].pulls / pulls if pulls and arm in stats.drafters else 0.0)
-            share_axes.bar([i + index * width for i in range(len(categories))], shares, width, bottom=bottom,
-                           color=f"C{arm_index}", label=arm if index == 0 else None, edgecolor="white", linewidth=0.3)
+            share_axes.bar(
+                [i + index * width for i in range(len(categories))],
+                shares,
+                width,
+                bottom=bottom,
+                color=f"C{arm_index}",
+                label=arm if index == 0 else None,
+                edgecolor="white",
+                linewidth=0.3,
+            )
             bottom = [b + v for b, v in zip(bottom, shares)]
-    share_axes.set_xlabel("prompt; bars left to right: " + ", ".join(name.removeprefix("select:") for name in selectors),
-                          fontsize=8)
+    share_axes.set_xlabel(
+        "prompt; bars left to right: " + ", ".join(name.removeprefix("select:") for name in selectors), fontsize=8
+    )
     share_axes.set_ylabel("share of pulls")
     share_axes.set_title("arms pulled per prompt")
     share_axes.legend(fontsize=8)
@@ -155,7 +165,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         f"`{results['command']}`",
         "",
-        f"target {results['target']} on {results.get('backend', 'hf')}, {results['dtype']}, temperature {results['temperature']}, "
+        f"target {results['target']} on {results.get('backend', 'hf')}, {results['dtype']}, "
+        f"temperature {results['temperature']}, "
         f"{results['prompts']} prompts, max_new_tokens {results['max_new_tokens']}, "
         f"{results['threads']} threads, load {results['load_average']}; plain = {results['plain_method']}",
         *_machine_lines(results),
@@ -174,9 +185,17 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {m['tau']:.2f} | {rate} | {m['new_tokens']} | {m['wall_s']:.1f} | {m['prefill_s']:.1f} | {overhead} |"
         )
     categories = list(next(iter(methods.values()))["per_category"])
-    for title, field in (("Speedup vs plain", "speedup_vs_plain"), ("Decode speedup (prefill left out)", "decode_speedup_vs_plain")):
-        lines += ["", f"{title} per category (tau in brackets):", "",
-                  "| method | " + " | ".join(categories) + " |", "|---" * (len(categories) + 1) + "|"]
+    for title, field in (
+        ("Speedup vs plain", "speedup_vs_plain"),
+        ("Decode speedup (prefill left out)", "decode_speedup_vs_plain"),
+    ):
+        lines += [
+            "",
+            f"{title} per category (tau in brackets):",
+            "",
+            "| method | " + " | ".join(categories) + " |",
+            "|---" * (len(categories) + 1) + "|",
+        ]
         for name, m in methods.items():
             cells = [f"{m['per_category'][c][field]:.2f}x ({m['per_category'][c]['tau']:.2f})" for c in categories]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -189,8 +208,11 @@ def _machine_lines(results: dict[str, Any]) -> list[str]:
         return []
     cost = ", ".join(f"{n}: {ms:g}" for n, ms in results["forward_cost_ms"].items())
     ceiling = results["ceiling"]
-    return ["", f"CPU {results['cpu']['model']} ({', '.join(results['cpu']['flags'])}); T(n) in ms, n: {cost}; "
-                f"ceiling {ceiling['speedup']:.2f}x (every drafted token accepted, {ceiling['forward_tokens']}-token forwards)"]
+    return [
+        "",
+        f"CPU {results['cpu']['model']} ({', '.join(results['cpu']['flags'])}); T(n) in ms, n: {cost}; "
+        f"ceiling {ceiling['speedup']:.2f}x (every drafted token accepted, {ceiling['forward_tokens']}-token forwards)",
+    ]
 
 
 def plot_speedups(results: dict[str, Any], path: Path) -> None:
@@ -204,11 +226,15 @@ def plot_speedups(results: dict[str, Any], path: Path) -> None:
     methods = results["methods"]
     first = next(iter(methods.values()))
     categories = [*first["per_category"], "all"]
-    shown = [(field, title) for field, title in (("speedup_vs_plain", "tokens/s"), ("decode_speedup_vs_plain", "decode tokens/s"))
-             if field in first]
+    shown = [
+        (field, title)
+        for field, title in (("speedup_vs_plain", "tokens/s"), ("decode_speedup_vs_plain", "decode tokens/s"))
+        if field in first
+    ]
     width = 0.8 / len(methods)
-    figure, panels = plt.subplots(1, len(shown), figsize=(len(shown) * max(7, 1.2 * len(categories)), 5.5),
-                                  sharey=True, squeeze=False)
+    figure, panels = plt.subplots(
+        1, len(shown), figsize=(len(shown) * max(7, 1.2 * len(categories)), 5.5), sharey=True, squeeze=False
+    )
     panels = panels[0]
     for axes, (field, title) in zip(panels, shown):
         for index, (name, m) in enumerate(methods.items()):
@@ -245,8 +271,10 @@ def plot_forward_cost(results: dict[str, Any], path: Path) -> None:
     for axes in (total, per_token):
         axes.grid(alpha=0.3)
     flags = "AVX512-BF16" if cpu["avx512_bf16"] else "AVX2" if cpu["avx2"] else "no AVX2"
-    figure.suptitle(f"{results['target']} on {results['backend']}, {cpu['model']} ({flags}), {cpu['threads']} threads: "
-                    f"ceiling {results['ceiling']['speedup']:.2f}x at n = {results['ceiling']['forward_tokens']}")
+    figure.suptitle(
+        f"{results['target']} on {results['backend']}, {cpu['model']} ({flags}), {cpu['threads']} threads: "
+        f"ceiling {results['ceiling']['speedup']:.2f}x at n = {results['ceiling']['forward_tokens']}"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

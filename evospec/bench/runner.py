@@ -53,8 +53,15 @@ def run_bench(settings: BenchSettings) -> dict:
     target = load_model(settings.target, backend, settings.load)
     # The edit suite runs model-free drafters only: its selectors draft without a small LM.
     draft_model = None if settings.suite == "edit" else load_model(settings.draft_model, backend, settings.load)
-    methods = build_methods(names, target, draft_model, settings.generation.num_speculative_tokens,
-                            settings.white_box, settings.learning, predictions=any(p.prediction for p in prompts))
+    methods = build_methods(
+        names,
+        target,
+        draft_model,
+        settings.generation.num_speculative_tokens,
+        settings.white_box,
+        settings.learning,
+        predictions=any(p.prediction for p in prompts),
+    )
     prompt_ids = [encode_prompt(target, prompt.text, chat=True) for prompt in prompts]
     predictions = [encode_prediction(target, prompt.prediction) for prompt in prompts]
 
@@ -86,16 +93,22 @@ def run_bench(settings: BenchSettings) -> dict:
         "plain_method": plain,
         "methods": methods_summary,
     }
-    learners = {method.name: [learner.report() for learner in method.engine.learners]
-                for method in methods if isinstance(method, EvospecMethod) and method.engine.learners}
+    learners = {
+        method.name: [learner.report() for learner in method.engine.learners]
+        for method in methods
+        if isinstance(method, EvospecMethod) and method.engine.learners
+    }
     if learners:  # what each learner did over the stream, and the memory its state holds
         results["learners"] = learners
     # T(n) on this machine, and the most any drafter could gain from it: every drafted token accepted.
     cost = target.forward_cost(settings.generation.num_speculative_tokens + 1)
     ceiling, size = cost.ceiling()
     results["forward_cost_ms"] = {str(n): round(1000 * s, 2) for n, s in zip(cost.sizes, cost.seconds)}
-    results["ceiling"] = {"speedup": round(ceiling, 3), "forward_tokens": size,
-                          "note": f"(m + 1) T(1) / T(m + 1) at its best m, T measured after {COST_CONTEXT_TOKENS} tokens"}
+    results["ceiling"] = {
+        "speedup": round(ceiling, 3),
+        "forward_tokens": size,
+        "note": f"(m + 1) T(1) / T(m + 1) at its best m, T measured after {COST_CONTEXT_TOKENS} tokens",
+    }
     # llama-bench's decode figure: one-token forwards and nothing else, after a COST_CONTEXT_TOKENS context.
     results["bare_decode_tokens_per_s"] = round(1 / cost.of(1), 2)
     print(f"bare decode (one-token forwards, {COST_CONTEXT_TOKENS}-token context): {1 / cost.of(1):.2f} tokens/s")
@@ -124,6 +137,8 @@ def _stream(stream: str, per_category: int) -> list[Prompt]:
         elif category in categories:
             chosen += [prompt for prompt in prompts if prompt.category == category]
         else:
-            raise EvospecError(f"unknown stream {part!r}; use mixed, domain-shift, edit or category:NAME (NAME one of "
-                               f"{', '.join(categories)}), or several joined by '+'")
+            raise EvospecError(
+                f"unknown stream {part!r}; use mixed, domain-shift, edit or category:NAME (NAME one of "
+                f"{', '.join(categories)}), or several joined by '+'"
+            )
     return chosen

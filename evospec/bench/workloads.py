@@ -64,7 +64,10 @@ def _comment(code: str, function: ast.FunctionDef) -> str:
 
 
 def _remove_examples(code: str, function: ast.FunctionDef) -> str:
-    return f"Remove the examples (the lines starting with >>> and the results below them) from the docstring of `{function.name}`."
+    return (
+        "Remove the examples (the lines starting with >>> and the results below them) "
+        f"from the docstring of `{function.name}`."
+    )
 
 
 # Edits whose answer copies most of the input: each kind gives the instruction for a function.
@@ -86,13 +89,18 @@ def edits(per_kind: int) -> list[Prompt]:
     with gzip.open(resources.files("evospec").joinpath("data/humaneval/HumanEval.jsonl.gz").open("rb"), "rt") as rows:
         problems = [json.loads(row) for row in rows]
     if per_kind * len(EDITS) > len(problems):
-        raise EvospecError(f"the edit workload has {len(problems) // len(EDITS)} requests of each kind, asked for {per_kind}")
+        raise EvospecError(
+            f"the edit workload has {len(problems) // len(EDITS)} requests of each kind, asked for {per_kind}"
+        )
     prompts = []
     for offset, (kind, instruction) in enumerate(EDITS.items()):
         for problem in problems[offset :: len(EDITS)][:per_kind]:
             code = problem["prompt"] + problem["canonical_solution"]
-            function = next(node for node in ast.walk(ast.parse(code))
-                            if isinstance(node, ast.FunctionDef) and node.name == problem["entry_point"])
+            function = next(
+                node
+                for node in ast.walk(ast.parse(code))
+                if isinstance(node, ast.FunctionDef) and node.name == problem["entry_point"]
+            )
             text = f"{instruction(code, function)}\n\n```python\n{code}```\n\n{EDIT_REPLY}"
             prompts.append(Prompt(id=problem["task_id"], category=kind, text=text, prediction=code))
     return prompts

@@ -19,8 +19,8 @@ from transformers import PreTrainedModel
 from evospec.drafters.small_lm import SmallLMDrafter
 from evospec.errors import EvospecError
 from evospec.learnable import Trace, TrainingOutputs
-from evospec.sampling import Sampler
 from evospec.models.hf import CachedLM
+from evospec.sampling import Sampler
 from evospec.types import Draft
 
 
@@ -56,7 +56,9 @@ class AdaptedLMDrafter(SmallLMDrafter):
     learnable = True
 
     def __init__(self, model: PreTrainedModel, name: str, config: AdapterConfig = AdapterConfig()) -> None:
-        lora = LoraConfig(r=config.rank, lora_alpha=config.alpha, lora_dropout=0.0, target_modules=list(config.target_modules))
+        lora = LoraConfig(
+            r=config.rank, lora_alpha=config.alpha, lora_dropout=0.0, target_modules=list(config.target_modules)
+        )
         try:
             inject_adapter_in_model(lora, model)
         except ValueError as error:  # peft: none of the target modules is in this model
@@ -80,11 +82,20 @@ class AdaptedLMDrafter(SmallLMDrafter):
     def training_outputs(self, module: torch.nn.Module, trace: Trace) -> TrainingOutputs:
         """Teacher-forced next-token logits at every trace position, with module's adapter weights, the
         last `context_tokens` tokens before the trace as context."""
-        prefix = trace.prefix[max(0, len(trace.prefix) - self.config.context_tokens):]
+        prefix = trace.prefix[max(0, len(trace.prefix) - self.config.context_tokens) :]
         input_ids = torch.cat([prefix, trace.tokens])[None].to(self.model.device)
         weights = dict(zip(module.names, module.weights))
-        out = functional_call(self.model, weights, args=(), kwargs={
-            "input_ids": input_ids, "use_cache": False, "logits_to_keep": trace.length,
-        })
-        logits = out.logits[0].float().cpu()  # the loss reads the trace's CPU tensors; gradients flow back to the device
+        out = functional_call(
+            self.model,
+            weights,
+            args=(),
+            kwargs={
+                "input_ids": input_ids,
+                "use_cache": False,
+                "logits_to_keep": trace.length,
+            },
+        )
+        logits = (
+            out.logits[0].float().cpu()
+        )  # the loss reads the trace's CPU tensors; gradients flow back to the device
         return TrainingOutputs(logits=logits, rows=torch.arange(trace.length), features=None, feature_rows=None)

@@ -30,17 +30,30 @@ class EagleModule(torch.nn.Module):
         heads = max(1, width // HEAD_DIM)
         self.fc = torch.nn.Linear(2 * config.hidden_size, width)
         self.up = torch.nn.Linear(width, config.hidden_size)
-        self.layer = LlamaModel(LlamaConfig(
-            vocab_size=1, hidden_size=width, intermediate_size=config.intermediate_size, num_hidden_layers=1,
-            num_attention_heads=heads, num_key_value_heads=max(1, heads // 4) if heads % 4 == 0 else heads,
-            max_position_embeddings=context_length, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-        ))
+        self.layer = LlamaModel(
+            LlamaConfig(
+                vocab_size=1,
+                hidden_size=width,
+                intermediate_size=config.intermediate_size,
+                num_hidden_layers=1,
+                num_attention_heads=heads,
+                num_key_value_heads=max(1, heads // 4) if heads % 4 == 0 else heads,
+                max_position_embeddings=context_length,
+                bos_token_id=None,
+                eos_token_id=None,
+                pad_token_id=None,
+            )
+        )
         self.layer.embed_tokens.requires_grad_(False)  # inputs come as embeddings; this table is unused
 
-    def forward(self, embeddings: torch.Tensor, features: torch.Tensor, cache: DynamicCache | None = None) -> torch.Tensor:
+    def forward(
+        self, embeddings: torch.Tensor, features: torch.Tensor, cache: DynamicCache | None = None
+    ) -> torch.Tensor:
         """embeddings [n, H] of tokens x_t, features [n, H] f_{t-1} -> predicted features [n, H]."""
         inputs = self.fc(torch.cat([embeddings, features], dim=-1))
-        return self.up(self.layer(inputs_embeds=inputs[None], cache=cache, use_cache=cache is not None).last_hidden_state[0])
+        return self.up(
+            self.layer(inputs_embeds=inputs[None], cache=cache, use_cache=cache is not None).last_hidden_state[0]
+        )
 
 
 class EagleDrafter(WhiteBoxDrafter):
@@ -48,8 +61,15 @@ class EagleDrafter(WhiteBoxDrafter):
     whose inputs were exact (verified tokens and the target's own features); drafted positions,
     fed with predicted features, are trimmed away before the next draft."""
 
-    def __init__(self, name: str, config: WhiteBoxConfig, tokens: TokenMatrices, vocab: ReducedVocab,
-                 context_length: int, state: dict | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: WhiteBoxConfig,
+        tokens: TokenMatrices,
+        vocab: ReducedVocab,
+        context_length: int,
+        state: dict | None = None,
+    ) -> None:
         module = EagleModule(config, context_length)
         if state is not None:
             load_weights(module, state, strict=False)  # the unused embedding table is not saved
@@ -92,9 +112,12 @@ class EagleDrafter(WhiteBoxDrafter):
             self.cache.crop(entries - length)  # crop takes the (negative) number of entries to drop
 
     def training_outputs(self, module: torch.nn.Module, trace: Trace) -> TrainingOutputs:
-        """Teacher-forced predictions of module (this drafter's or a copy) over a trace: at t >= 1, from x_t and f_{t-1}."""
+        """Teacher-forced predictions of module (this drafter's or a copy) over a trace: at t >= 1,
+        from x_t and f_{t-1}."""
         predicted = module(self.tokens.embed(trace.tokens[1:]), trace.hidden[:-1])  # [T-1, H]
         return TrainingOutputs(
-            logits=self.head_logits(predicted), rows=torch.arange(1, trace.length),
-            features=predicted, feature_rows=torch.arange(1, trace.length),
+            logits=self.head_logits(predicted),
+            rows=torch.arange(1, trace.length),
+            features=predicted,
+            feature_rows=torch.arange(1, trace.length),
         )

@@ -30,8 +30,9 @@ class HydraModule(torch.nn.Module):
 class HydraDrafter(WhiteBoxDrafter):
     """Drafts up to num_heads tokens, one head after another, from the feature before the pending token."""
 
-    def __init__(self, name: str, config: WhiteBoxConfig, tokens: TokenMatrices, vocab: ReducedVocab,
-                 state: dict | None = None) -> None:
+    def __init__(
+        self, name: str, config: WhiteBoxConfig, tokens: TokenMatrices, vocab: ReducedVocab, state: dict | None = None
+    ) -> None:
         module = HydraModule(config)
         if state is not None:
             load_weights(module, state)

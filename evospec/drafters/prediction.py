@@ -77,7 +77,9 @@ class PredictionDrafter(ModelFreeDrafter):
         if agreed == len(new):
             return
         ends = np.arange(1, self._prediction.size + 1)
-        lengths = match_lengths(self._prediction, ends, np.asarray(output[-self.config.max_match :]), self.config.max_match)
+        lengths = match_lengths(
+            self._prediction, ends, np.asarray(output[-self.config.max_match :]), self.config.max_match
+        )
         longest = int(lengths.max())
         candidates = ends[lengths == longest]
         distances = np.abs(candidates - longest - self._next)  # from where the output was to where the run begins

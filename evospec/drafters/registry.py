@@ -1,6 +1,7 @@
 """The drafter registry: specs on the command line -> drafters.
 
-A drafter spec reads KIND or KIND:ARG (e.g. `ngram`, `prediction`, `lm:qwen2.5-coder-0.5b-instruct`, `eagle:CHECKPOINT`);
+A drafter spec reads KIND or KIND:ARG (e.g. `ngram`, `prediction`, `lm:qwen2.5-coder-0.5b-instruct`,
+`eagle:CHECKPOINT`);
 a spec that names no registered kind is taken as a model for the small-LM drafter
 (`qwen2.5-coder-0.5b-instruct`). `eagle` and `hydra` without a checkpoint start from random weights;
 `lora:MODEL` is the small LM with adapters that the online learners train.
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from evospec.config import LoadConfig
 from evospec.drafters.adapted_lm import AdaptedLMDrafter
 from evospec.drafters.base import Drafter
 from evospec.drafters.eagle import EagleDrafter
@@ -22,7 +24,6 @@ from evospec.drafters.suffix import SuffixDrafter
 from evospec.drafters.whitebox import ReducedVocab, WhiteBoxConfig, WhiteBoxDrafter, read_checkpoint
 from evospec.errors import EvospecError
 from evospec.models.backend import Backend, LoadedModel
-from evospec.config import LoadConfig
 from evospec.models.loading import BACKENDS, load_model, names_a_model, same_tokenizer
 
 NO_DRAFTER = "none"
@@ -76,15 +77,22 @@ def _build_suffix(arg: str | None, target: LoadedModel, load: LoadConfig) -> Dra
 
 def _build_prediction(arg: str | None, target: LoadedModel, load: LoadConfig) -> Drafter:
     if arg:
-        raise EvospecError(f"the prediction drafter takes no argument (each request brings its prediction), got '{PREDICTION}:{arg}'")
+        raise EvospecError(
+            f"the prediction drafter takes no argument (each request brings its prediction), got '{PREDICTION}:{arg}'"
+        )
     return PredictionDrafter()
 
 
 WHITE_BOX_KINDS = ("eagle", "hydra")
 
 
-def new_white_box_drafter(kind: str, target: LoadedModel, checkpoint: Path | None = None,
-                          config: WhiteBoxConfig | None = None, vocab: ReducedVocab | None = None) -> WhiteBoxDrafter:
+def new_white_box_drafter(
+    kind: str,
+    target: LoadedModel,
+    checkpoint: Path | None = None,
+    config: WhiteBoxConfig | None = None,
+    vocab: ReducedVocab | None = None,
+) -> WhiteBoxDrafter:
     """An EAGLE- or Hydra-style drafter for target: from a checkpoint directory, or new (random) with
     config (default shape) and vocab (default: the lowest ids, end-of-generation tokens first)."""
     if kind not in WHITE_BOX_KINDS:
@@ -94,7 +102,9 @@ def new_white_box_drafter(kind: str, target: LoadedModel, checkpoint: Path | Non
         config, state, vocab, _ = read_checkpoint(checkpoint, kind, target)
     config = config or WhiteBoxConfig(kind, target.hidden_size)
     if config.hidden_size != target.hidden_size:
-        raise EvospecError(f"the {kind} drafter reads {config.hidden_size}-wide features; '{target.name}' has {target.hidden_size}")
+        raise EvospecError(
+            f"the {kind} drafter reads {config.hidden_size}-wide features; '{target.name}' has {target.hidden_size}"
+        )
     vocab = vocab or ReducedVocab.most_frequent(
         [], target.vocab_size, min(config.head_vocab, target.vocab_size), always=sorted(target.eos_token_ids)
     )
@@ -109,6 +119,7 @@ def new_white_box_drafter(kind: str, target: LoadedModel, checkpoint: Path | Non
 def _white_box_builder(kind: str) -> Callable[[str | None, LoadedModel, LoadConfig], Drafter]:
     def build(arg: str | None, target: LoadedModel, load: LoadConfig) -> Drafter:
         return new_white_box_drafter(kind, target, Path(arg).expanduser() if arg else None)
+
     return build
 
 

@@ -34,7 +34,11 @@ class SuffixConfig:
     max_match: int = 64  # matches are measured up to this many tokens
 
     def __post_init__(self) -> None:
-        if not (1 <= self.min_ngram <= self.max_ngram <= self.max_match) or self.max_corpus_tokens < 2 or not self.spec_factor > 0:
+        if (
+            not (1 <= self.min_ngram <= self.max_ngram <= self.max_match)
+            or self.max_corpus_tokens < 2
+            or not self.spec_factor > 0
+        ):
             raise EvospecError(f"invalid suffix drafter settings: {self}")
 
 
@@ -69,8 +73,10 @@ class SuffixDrafter(ModelFreeDrafter):
     def _match_length(self, context: list[int], position: int, known: int) -> int:
         """How many tokens before corpus[position] equal the context's last ones (known of them do), up to max_match."""
         matched = known
-        while (matched < min(self.config.max_match, len(context), position)
-               and self._corpus[position - 1 - matched] == context[-1 - matched]):
+        while (
+            matched < min(self.config.max_match, len(context), position)
+            and self._corpus[position - 1 - matched] == context[-1 - matched]
+        ):
             matched += 1
         return matched
 

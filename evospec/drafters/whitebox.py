@@ -34,8 +34,11 @@ class WhiteBoxConfig:
 
     kind: str  # "eagle" or "hydra"
     hidden_size: int  # the target's
-    head_vocab: int = 6144  # N: target tokens the drafter can propose (its output layer's rows; each costs a draft step)
-    width: int = 512  # eagle: width of its decoder layer (at most the target's; a draft step must stay a small share of a target step)
+    head_vocab: int = (
+        6144  # N: target tokens the drafter can propose (its output layer's rows; each costs a draft step)
+    )
+    # eagle: width of its decoder layer (at most the target's; a draft step must stay a small share of a target step)
+    width: int = 512
     intermediate_size: int = 1024  # eagle: MLP width of its decoder layer
     num_heads: int = 4  # hydra: heads, so at most this many drafted tokens per round
 
@@ -49,8 +52,9 @@ class ReducedVocab:
         self.row_of[self.ids] = torch.arange(self.ids.numel())
 
     @classmethod
-    def most_frequent(cls, token_lists: Iterable[list[int]], vocab_size: int, size: int,
-                      always: Iterable[int] = ()) -> ReducedVocab:
+    def most_frequent(
+        cls, token_lists: Iterable[list[int]], vocab_size: int, size: int, always: Iterable[int] = ()
+    ) -> ReducedVocab:
         """The `size` most frequent ids of token_lists, `always` first; lower ids fill any rest (BPE ids
         are roughly in merge order, so a low id is a frequent one)."""
         if not 0 < size <= vocab_size:
@@ -70,16 +74,21 @@ class WhiteBoxDrafter:
     learnable = True
     model_free = False
 
-    def __init__(self, name: str, config: WhiteBoxConfig, module: torch.nn.Module, tokens: TokenMatrices,
-                 vocab: ReducedVocab) -> None:
+    def __init__(
+        self, name: str, config: WhiteBoxConfig, module: torch.nn.Module, tokens: TokenMatrices, vocab: ReducedVocab
+    ) -> None:
         if vocab.ids.numel() != config.head_vocab:
-            raise EvospecError(f"the vocabulary map has {vocab.ids.numel()} tokens, the config says {config.head_vocab}")
+            raise EvospecError(
+                f"the vocabulary map has {vocab.ids.numel()} tokens, the config says {config.head_vocab}"
+            )
         self.name = name
         self.config = config
         self.module = module  # the weights a learner updates
         self.tokens = tokens
         self.vocab = vocab
-        self.head = tokens.output_rows(vocab.ids)  # [N, H] frozen, what training reads; fp32: bf16 backward is emulated without AVX512-BF16
+        self.head = tokens.output_rows(
+            vocab.ids
+        )  # [N, H] frozen, what training reads; fp32: bf16 backward is emulated without AVX512-BF16
         self._draft_head = self.head.bfloat16()  # [N, H] what drafting reads: half the bytes, the bulk of a draft step
         self.version = 0  # learning steps applied since it was built
         self.features: dict[int, torch.Tensor] = {}  # context position -> the target's hidden state there
@@ -105,7 +114,8 @@ class WhiteBoxDrafter:
         return torch.nn.functional.linear(features, self.head)
 
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
-        """Features [n, H] -> logits over the reduced vocabulary [n, N] float32, through the bf16 head (for drafting)."""
+        """Features [n, H] -> logits over the reduced vocabulary [n, N] float32, through the bf16 head
+        (for drafting)."""
         return torch.nn.functional.linear(features.bfloat16(), self._draft_head).float()
 
     def pick(self, logits: torch.Tensor, sampler: Sampler) -> tuple[int, torch.Tensor | None]:
@@ -128,9 +138,13 @@ class WhiteBoxDrafter:
         tensors = {f"module.{key}": value.detach() for key, value in self.module.state_dict().items()}
         save_tensors_atomically({**tensors, "vocab_ids": self.vocab.ids}, directory / "model.safetensors")
         meta = {
-            "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "target": target_name,
-            "target_vocab_size": self.tokens.vocab_size, "config": asdict(self.config),
-            "drafter_version": self.version, **(extra or {}),
+            "format": CHECKPOINT_FORMAT,
+            "version": CHECKPOINT_VERSION,
+            "target": target_name,
+            "target_vocab_size": self.tokens.vocab_size,
+            "config": asdict(self.config),
+            "drafter_version": self.version,
+            **(extra or {}),
         }
         write_atomically(directory / "drafter.json", json.dumps(meta, indent=2) + "\n")
 
@@ -141,7 +155,9 @@ def load_weights(module: torch.nn.Module, state: dict, strict: bool = True) -> N
         module.load_state_dict(state, strict=strict)
     except RuntimeError as error:
         first = str(error).strip().splitlines()[1:2] or [str(error)]
-        raise EvospecError(f"the checkpoint's weights do not fit the shape its drafter.json describes: {first[0].strip()}") from error
+        raise EvospecError(
+            f"the checkpoint's weights do not fit the shape its drafter.json describes: {first[0].strip()}"
+        ) from error
 
 
 def checkpoint_kind(directory: Path) -> str:

@@ -16,6 +16,15 @@ from evospec.learning.learners import (
 from evospec.learning.losses import LossConfig, drafter_loss
 
 __all__ = [
-    "LEARNERS", "NO_LEARNER", "EnsembleLearner", "FeedbackBuffer", "LearnerConfig", "LossConfig", "OGDLearner",
-    "OnlineLearner", "OptimisticLearner", "build_learner", "drafter_loss",
+    "LEARNERS",
+    "NO_LEARNER",
+    "EnsembleLearner",
+    "FeedbackBuffer",
+    "LearnerConfig",
+    "LossConfig",
+    "OGDLearner",
+    "OnlineLearner",
+    "OptimisticLearner",
+    "build_learner",
+    "drafter_loss",
 ]

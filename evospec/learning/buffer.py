@@ -53,18 +53,20 @@ class FeedbackBuffer:
                 f"feedback of request {feedback.request} starts at position {feedback.position}, but only its first "
                 f"{len(tokens)} tokens were seen: a request's feedback must start with its prefill"
             )
-        del tokens[feedback.position:]
+        del tokens[feedback.position :]
         tokens.extend(feedback.tokens.tolist())
         for row in range(rows):
-            self._rows.append(_Row(
-                request=feedback.request,
-                position=feedback.position + first + row,
-                token=int(feedback.tokens[first + row]),
-                hidden=None if feedback.hidden is None else feedback.hidden[row].detach().clone(),
-                top_ids=feedback.top_ids[row].clone(),
-                top_probs=feedback.top_probs[row].clone(),
-                rejected=feedback.rejected and row == rows - 1,
-            ))
+            self._rows.append(
+                _Row(
+                    request=feedback.request,
+                    position=feedback.position + first + row,
+                    token=int(feedback.tokens[first + row]),
+                    hidden=None if feedback.hidden is None else feedback.hidden[row].detach().clone(),
+                    top_ids=feedback.top_ids[row].clone(),
+                    top_probs=feedback.top_probs[row].clone(),
+                    rejected=feedback.rejected and row == rows - 1,
+                )
+            )
         self.rows_added += rows
         oldest = self._rows[0].request
         for request in [request for request in self._request_tokens if request < oldest]:
@@ -75,7 +77,10 @@ class FeedbackBuffer:
         picked = list(self._rows)[-rows:]
         traces, start = [], 0
         for i in range(1, len(picked) + 1):
-            if i == len(picked) or (picked[i].request, picked[i].position) != (picked[i - 1].request, picked[i - 1].position + 1):
+            if i == len(picked) or (picked[i].request, picked[i].position) != (
+                picked[i - 1].request,
+                picked[i - 1].position + 1,
+            ):
                 rows_of_trace = picked[start:i]
                 first = rows_of_trace[0]
                 traces.append(_trace(rows_of_trace, self._request_tokens[first.request][: first.position]))
@@ -121,9 +126,11 @@ def trace_of(feedback: RoundFeedback, rows: int) -> Trace:
     if not 0 < rows <= feedback.top_ids.shape[0]:
         raise ValueError(f"the feedback has {feedback.top_ids.shape[0]} rows, not {rows}")
     return Trace(
-        tokens=feedback.tokens[first:], prefix=feedback.tokens[:first],
+        tokens=feedback.tokens[first:],
+        prefix=feedback.tokens[:first],
         hidden=None if feedback.hidden is None else feedback.hidden[-rows:].float(),
-        top_ids=feedback.top_ids[-rows:], top_probs=feedback.top_probs[-rows:],
+        top_ids=feedback.top_ids[-rows:],
+        top_probs=feedback.top_probs[-rows:],
         rejected=torch.zeros(rows, dtype=torch.bool),
     )
 

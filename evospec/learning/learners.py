@@ -1,12 +1,13 @@
 """Online learners: they turn each round's feedback into updates of a drafter while it serves (a
 white-box drafter, or the adapters of a small LM).
 
-OnlineSPEC (arXiv 2603.12617) names the three: OGD (its Online-LR), optimistic OGD (Opt-Hydra: the previous gradient is the hint for the
-next, w <- w - lr * (2 g_t - g_{t-1}); or its momentum form) and an online ensemble of learning rates
-(Ens-Eagle: copies with lr, 2 lr, 4 lr weighted by Hedge, serving the weighted combination). Every
-learner keeps a bounded feedback buffer, steps on a schedule, and is guarded: a step with a
-non-finite loss or gradient is skipped, and when the drafter's rolling acceptance falls a margin
-below that of the last good weights, those weights come back.
+OnlineSPEC (arXiv 2603.12617) names the three: OGD (its Online-LR), optimistic OGD (Opt-Hydra: the
+previous gradient is the hint for the next, w <- w - lr * (2 g_t - g_{t-1}); or its momentum form)
+and an online ensemble of learning rates (Ens-Eagle: copies with lr, 2 lr, 4 lr weighted by Hedge,
+serving the weighted combination). Every learner keeps a bounded feedback buffer, steps on a
+schedule, and is guarded: a step with a non-finite loss or gradient is skipped, and when the
+drafter's rolling acceptance falls a margin below that of the last good weights, those weights come
+back.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
 import torch
 
 from evospec.errors import EvospecError
@@ -36,7 +38,9 @@ class LearnerConfig:
     every: int = 24  # a step costs a few target steps on a CPU: learn from the new rows, not every round
     buffer_rows: int = 4096  # feedback rows kept; the oldest go first
     batch_rows: int = 64  # a step learns from the newest rows
-    prompt_rows: int = 1024  # white-box drafters: learn from the prompt's last rows while answering it, a step a round (0: never)
+    prompt_rows: int = (
+        1024  # white-box drafters: learn from the prompt's last rows while answering it, a step a round (0: never)
+    )
     optimistic_form: str = "hint"  # hint: 2 g_t - g_{t-1}; momentum: SGD with `momentum`
     momentum: float = 0.9
     ensemble_scales: tuple[float, ...] = (1.0, 2.0, 4.0)  # the copies' learning rates, in units of lr
@@ -74,8 +78,13 @@ class LearnerStats:
     losses: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"steps": self.steps, "skipped": self.skipped, "rollbacks": self.rollbacks,
-                "learn_s": self.learn_s, "last_loss": self.losses[-1] if self.losses else None}
+        return {
+            "steps": self.steps,
+            "skipped": self.skipped,
+            "rollbacks": self.rollbacks,
+            "learn_s": self.learn_s,
+            "last_loss": self.losses[-1] if self.losses else None,
+        }
 
 
 class _Guard:
@@ -99,7 +108,8 @@ class _Guard:
         return sum(a for a, _ in self.rounds) / drafted if drafted else None
 
     def check(self, module: torch.nn.Module) -> bool:
-        """Roll module back if it serves clearly worse than the good weights (-> True); else remember it if it serves best."""
+        """Roll module back if it serves clearly worse than the good weights (-> True); else remember
+        it if it serves best."""
         rate = self.rate
         if rate is None:
             return False
@@ -172,7 +182,9 @@ class OnlineLearner:
         for are dropped: a prompt's steps are for its own answer."""
         self._prompt_steps.clear()
         self._requests += 1
-        if self.config.schedule == "request" or (self.config.schedule == "chunk" and self._requests % self.config.every == 0):
+        if self.config.schedule == "request" or (
+            self.config.schedule == "chunk" and self._requests % self.config.every == 0
+        ):
             self.learn()
             self.end_chunk()
 
@@ -213,7 +225,8 @@ class OnlineLearner:
     def loss(self, module: torch.nn.Module, traces: list[Trace]) -> torch.Tensor:
         """Row-weighted mean loss of module over traces."""
         total = sum(
-            drafter_loss(self.drafter.training_outputs(module, trace), trace, self.drafter.row_of, self.config.loss) * trace.length
+            drafter_loss(self.drafter.training_outputs(module, trace), trace, self.drafter.row_of, self.config.loss)
+            * trace.length
             for trace in traces
         )
         return total / sum(trace.length for trace in traces)
@@ -231,16 +244,26 @@ class OnlineLearner:
         return {**weights, **{f"optimizer.{key}": value for key, value in self._optimizer_tensors().items()}}
 
     def state_meta(self) -> dict:
-        return {"learner": self.name, "drafter": self.drafter.name, "drafter_version": self.drafter.version,
-                **self.stats.to_dict()}
+        return {
+            "learner": self.name,
+            "drafter": self.drafter.name,
+            "drafter_version": self.drafter.version,
+            **self.stats.to_dict(),
+        }
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Go on from state_tensors() and state_meta() of the same learner and drafter."""
         if (meta.get("learner"), meta.get("drafter")) != (self.name, self.drafter.name):
-            raise EvospecError(f"saved state is of learner {meta.get('learner')!r} on {meta.get('drafter')!r}, "
-                               f"not {self.name!r} on {self.drafter.name!r}")
-        self.drafter.module.load_state_dict({k.removeprefix("drafter."): v for k, v in tensors.items() if k.startswith("drafter.")})
-        self._load_optimizer_tensors({k.removeprefix("optimizer."): v for k, v in tensors.items() if k.startswith("optimizer.")})
+            raise EvospecError(
+                f"saved state is of learner {meta.get('learner')!r} on {meta.get('drafter')!r}, "
+                f"not {self.name!r} on {self.drafter.name!r}"
+            )
+        self.drafter.module.load_state_dict(
+            {k.removeprefix("drafter."): v for k, v in tensors.items() if k.startswith("drafter.")}
+        )
+        self._load_optimizer_tensors(
+            {k.removeprefix("optimizer."): v for k, v in tensors.items() if k.startswith("optimizer.")}
+        )
         self.drafter.version = int(meta["drafter_version"])
         self.stats.steps = int(meta.get("steps", 0))
         self.stats.skipped = int(meta.get("skipped", 0))
@@ -255,13 +278,24 @@ class OnlineLearner:
 
     def report(self) -> dict:
         """What it did and the memory it holds, for benchmark results."""
-        return {"learner": self.name, "drafter": self.drafter.name, "drafter_version": self.drafter.version,
-                **self.stats.to_dict(), "memory_bytes": self.nbytes()}
+        return {
+            "learner": self.name,
+            "drafter": self.drafter.name,
+            "drafter_version": self.drafter.version,
+            **self.stats.to_dict(),
+            "memory_bytes": self.nbytes(),
+        }
 
     def nbytes(self) -> dict[str, int]:
-        """Memory held: feedback buffer, the prompt rows still to learn, optimizer state (and copies), the guard's good weights."""
+        """Memory held: feedback buffer, the prompt rows still to learn, optimizer state (and copies),
+        the guard's good weights."""
         prompt = sum(trace.nbytes for batch in self._prompt_steps for trace in batch)
-        return {"buffer": self.buffer.nbytes(), "prompt": prompt, "optimizer": self._optimizer_nbytes(), "guard": self.guard.nbytes()}
+        return {
+            "buffer": self.buffer.nbytes(),
+            "prompt": prompt,
+            "optimizer": self._optimizer_nbytes(),
+            "guard": self.guard.nbytes(),
+        }
 
     def _optimizer_nbytes(self) -> int:
         return 0
@@ -270,8 +304,12 @@ class OnlineLearner:
 def _batches(traces: list[Trace], rows: int) -> list[list[Trace]]:
     """Traces of 2 or more rows cut into windows of at most `rows` rows (window_spans) and packed, in
     order, into batches of at most `rows` rows."""
-    windows = [trace.window(start, stop) for trace in traces if trace.length >= 2
-               for start, stop in window_spans(0, trace.length, rows)]
+    windows = [
+        trace.window(start, stop)
+        for trace in traces
+        if trace.length >= 2
+        for start, stop in window_spans(0, trace.length, rows)
+    ]
     return packed(windows, [window.length for window in windows], rows)
 
 
@@ -398,12 +436,18 @@ class EnsembleLearner(OnlineLearner):
         self.discounted_losses.zero_()
 
     def _optimizer_tensors(self) -> dict[str, torch.Tensor]:
-        copies = {f"copy{i}.{key}": value for i, module in enumerate(self.copies) for key, value in module.state_dict().items()}
+        copies = {
+            f"copy{i}.{key}": value
+            for i, module in enumerate(self.copies)
+            for key, value in module.state_dict().items()
+        }
         return {**copies, "discounted_losses": self.discounted_losses}
 
     def _load_optimizer_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         for i, module in enumerate(self.copies):
-            module.load_state_dict({k.removeprefix(f"copy{i}."): v for k, v in tensors.items() if k.startswith(f"copy{i}.")})
+            module.load_state_dict(
+                {k.removeprefix(f"copy{i}."): v for k, v in tensors.items() if k.startswith(f"copy{i}.")}
+            )
         self.discounted_losses = tensors["discounted_losses"].clone()
 
     def _optimizer_nbytes(self) -> int:
@@ -417,11 +461,14 @@ NO_LEARNER = "none"
 
 
 def build_learner(name: str, drafter: LearnableDrafter, config: LearnerConfig) -> OnlineLearner | None:
-    """The learner `name` (one of LEARNERS, or 'none') for a learnable drafter (white-box, or a small LM with adapters)."""
+    """The learner `name` (one of LEARNERS, or 'none') for a learnable drafter (white-box, or a small
+    LM with adapters)."""
     if name == NO_LEARNER:
         return None
     if name not in LEARNERS:
         raise EvospecError(f"unknown learner {name!r}; choose one of {NO_LEARNER}, {', '.join(LEARNERS)}")
     if not drafter.learnable:
-        raise EvospecError(f"drafter '{drafter.name}' cannot learn on line; learners train eagle, hydra and lora:MODEL drafters")
+        raise EvospecError(
+            f"drafter '{drafter.name}' cannot learn on line; learners train eagle, hydra and lora:MODEL drafters"
+        )
     return LEARNERS[name](drafter, config)

@@ -33,5 +33,7 @@ def drafter_loss(outputs: TrainingOutputs, trace: Trace, row_of: torch.Tensor, c
             target = top_rows[rejected, 0]  # the target's own choice there (its argmax)
             loss = loss + config.rejected_ce * -log_q[rejected].gather(1, target[:, None]).mean()
     if config.feature and outputs.features is not None:
-        loss = loss + config.feature * torch.nn.functional.smooth_l1_loss(outputs.features, trace.hidden[outputs.feature_rows])
+        loss = loss + config.feature * torch.nn.functional.smooth_l1_loss(
+            outputs.features, trace.hidden[outputs.feature_rows]
+        )
     return loss

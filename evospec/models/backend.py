@@ -1,10 +1,10 @@
 """The Backend protocol: what differs between the runtimes that run a model (PyTorch, llama.cpp, ...).
 
-Everything evospec asks of a model beyond the LanguageModel it runs on goes through its backend:
-how it loads (and so what a LoadedModel says of its sizes and end-of-generation tokens), its token
+Everything evospec asks of a model beyond the LanguageModel it runs on goes through its backend: how
+it loads (and so what a LoadedModel says of its sizes and end-of-generation tokens), its token
 matrices (white-box drafters read them), the key that its measured forward cost is cached under, the
-benchmark baselines of its own generation loop and which models it can run. A new backend is one module with one such object,
-registered in `models/loading.py`.
+benchmark baselines of its own generation loop and which models it can run. A new backend is one
+module with one such object, registered in `models/loading.py`.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ assert set(TORCH_DTYPES) == set(DTYPES)
 
 
 class CachedLM:
-    """The hf backend's LanguageModel. Wraps any Hugging Face causal LM; the cache holds the first `length` tokens of one sequence.
+    """The hf backend's LanguageModel. Wraps any Hugging Face causal LM; the cache holds the first
+    `length` tokens of one sequence.
 
     forward() appends tokens to the cache and returns their logits; trim() drops tokens from the end,
     which is how a rejected draft is forgotten.
@@ -63,8 +64,10 @@ class CachedLM:
         hidden = out.hidden_states[-1][0, -rows:]  # [r, H] on the model's device
         head = self.model.get_output_embeddings()
         with torch.inference_mode():
-            tops = [top_next_tokens(head(hidden[start : start + HEAD_ROWS_PER_CALL]), top_k)
-                    for start in range(0, hidden.shape[0], HEAD_ROWS_PER_CALL)]
+            tops = [
+                top_next_tokens(head(hidden[start : start + HEAD_ROWS_PER_CALL]), top_k)
+                for start in range(0, hidden.shape[0], HEAD_ROWS_PER_CALL)
+            ]
         ids, probs = zip(*tops)
         return PromptPass(out.logits[0].cpu(), hidden.float().cpu(), torch.cat(ids).cpu(), torch.cat(probs).cpu())
 
@@ -72,7 +75,10 @@ class CachedLM:
     def _forward(self, token_ids: Sequence[int], num_logits: int, hidden_states: bool):
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.model.device)  # [1, n]
         out = self.model(
-            input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=num_logits,
+            input_ids=input_ids,
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=num_logits,
             output_hidden_states=hidden_states,
         )
         self.length += input_ids.shape[1]
@@ -120,7 +126,9 @@ class HFBackend:
 
     def load(self, spec: str, config: LoadConfig) -> LoadedModel:
         if config.exact_verify:
-            raise EvospecError("--exact-verify applies to the llama.cpp backend; hf in fp32 verifies bit-exactly already")
+            raise EvospecError(
+                "--exact-verify applies to the llama.cpp backend; hf in fp32 verifies bit-exactly already"
+            )
         dtype = config.dtype or DEFAULT_DTYPE
         device = default_device()
         if dtype == "int8" and device.type != "cpu":
@@ -134,14 +142,17 @@ class HFBackend:
         model.requires_grad_(False)
         return self.wrap(spec, model, from_pretrained(AutoTokenizer, spec, source), source)
 
-    def wrap(self, spec: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: Path | str) -> LoadedModel:
+    def wrap(
+        self, spec: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: Path | str
+    ) -> LoadedModel:
         """A model in memory (in eval mode, without gradients) as a LoadedModel of this backend."""
         text = model.config.get_text_config()
         configured = model.generation_config.eos_token_id  # int or list
         configured = [] if configured is None else [configured] if isinstance(configured, int) else configured
         eos = frozenset({tokenizer.eos_token_id, *configured} - {None})  # the tokenizer's and the generation config's
-        return LoadedModel(spec, model, tokenizer, source, self, text.vocab_size, text.hidden_size,
-                           text.max_position_embeddings, eos)
+        return LoadedModel(
+            spec, model, tokenizer, source, self, text.vocab_size, text.hidden_size, text.max_position_embeddings, eos
+        )
 
     def new_lm(self, model: PreTrainedModel, hidden_states: bool) -> CachedLM:
         return CachedLM(model)

@@ -45,7 +45,8 @@ class LlamaCppConfig:
     max_context: int = 8192  # KV cache size cap; the model's training context if that is smaller
     batch_size: int = 512  # tokens per llama_decode call (a longer prompt is fed in chunks)
     threads: int | None = None  # None: every core this process may run on
-    repack: bool = True  # llama.cpp's repacked weights ("extra buffer types"): faster at every batch size measured (benchmarks/README.md)
+    # llama.cpp's repacked weights ("extra buffer types"): faster at every batch size measured (benchmarks/README.md)
+    repack: bool = True
     exact_verify: bool = False  # verify in calls of at most exact_rows rows, each computed as a one-token step
     exact_rows: int = 3  # a repacked matmul rounds differently from 4 rows on
 
@@ -169,7 +170,9 @@ class LlamaCppLM:
         if not self._hidden_states:
             raise EvospecError("this llama.cpp context was made without hidden states (new_lm(hidden_states=True))")
 
-    def _forward(self, token_ids: Sequence[int], num_logits: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(
+        self, token_ids: Sequence[int], num_logits: int, hidden: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = len(token_ids)
         if num_logits > 0:  # a prefill or catch-up: big chunks, outputs only at the end
             rows = min(num_logits, n)
@@ -197,7 +200,9 @@ class LlamaCppLM:
         """
         first = self._last_call_tokens - rows
         if first < 0:
-            raise EvospecError(f"asked for the outputs of {rows} tokens; one llama_decode call holds {self._last_call_tokens}")
+            raise EvospecError(
+                f"asked for the outputs of {rows} tokens; one llama_decode call holds {self._last_call_tokens}"
+            )
         logits = self._lib.llama_get_logits_ith(self.handle, first)
         logits = torch.from_numpy(np.ctypeslib.as_array(logits, shape=(rows, self.model.vocab_size)))
         if not hidden:
@@ -288,14 +293,25 @@ class LlamaCppBackend:
         else:
             gguf_file = Path(spec).expanduser()
             if not (gguf_file.is_file() and gguf_file.suffix == ".gguf"):
-                raise EvospecError(f"{spec!r}: the llama.cpp backend needs a .gguf file or a zoo alias ({', '.join(ZOO)})")
+                raise EvospecError(
+                    f"{spec!r}: the llama.cpp backend needs a .gguf file or a zoo alias ({', '.join(ZOO)})"
+                )
             tokenizer_source = gguf_cache_dir(gguf_file) / "tokenizer"
             if not tokenizer_source.is_dir():
                 convert_tokenizer(gguf_file, tokenizer_source)
         tokenizer = from_pretrained(AutoTokenizer, spec, tokenizer_source)
         model = LlamaCppModel(gguf_file, LlamaCppConfig(exact_verify=config.exact_verify))
-        return LoadedModel(spec, model, tokenizer, gguf_file, self, model.vocab_size, model.hidden_size,
-                           model.context_length, model.eog_token_ids)
+        return LoadedModel(
+            spec,
+            model,
+            tokenizer,
+            gguf_file,
+            self,
+            model.vocab_size,
+            model.hidden_size,
+            model.context_length,
+            model.eog_token_ids,
+        )
 
     def new_lm(self, model: LlamaCppModel, hidden_states: bool) -> LlamaCppLM:
         return model.new_lm(hidden_states)

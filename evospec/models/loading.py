@@ -41,15 +41,19 @@ def backend_named(name: str) -> Backend:
 
 
 def default_backend(spec: str) -> str:
-    """The first backend that claims spec: llamacpp for a GGUF file or zoo alias on a machine without CUDA, hf otherwise."""
+    """The first backend that claims spec: llamacpp for a GGUF file or zoo alias on a machine without
+    CUDA, hf otherwise."""
     return next(name for name, backend in BACKENDS.items() if backend.default_for(spec))
 
 
 def names_a_model(spec: str) -> bool:
     """Whether spec could be loaded (a zoo alias, an existing directory or .gguf file, a hub id), without loading it."""
     path = Path(spec).expanduser()
-    return spec in ZOO or path.is_dir() or (path.is_file() and path.suffix == ".gguf") or (
-        not path.exists() and looks_like_hub_id(spec)
+    return (
+        spec in ZOO
+        or path.is_dir()
+        or (path.is_file() and path.suffix == ".gguf")
+        or (not path.exists() and looks_like_hub_id(spec))
     )
 
 

@@ -1,10 +1,11 @@
 """int8 weight-only quantization: the fast target on CPUs without AVX512-BF16.
 
-There, bf16 matrix products are emulated, compute-bound at any batch size, so a forward over n tokens
-costs nearly n times one token and speculation cannot pay (benchmarks/README.md, engine-int8-1.5b). PyTorch's int8-weight kernel (`_weight_int8pack_mm`, the
-one torchao uses on CPU) reads half the bytes and scales better with rows. Its activation stays in
-the model's dtype and each output row has its own scale, so a row's result does not depend on the
-other rows in the batch: verifying k tokens at once gives what k single steps would.
+There, bf16 matrix products are emulated, compute-bound at any batch size, so a forward over n
+tokens costs nearly n times one token and speculation cannot pay (benchmarks/README.md, engine-
+int8-1.5b). PyTorch's int8-weight kernel (`_weight_int8pack_mm`, the one torchao uses on CPU) reads
+half the bytes and scales better with rows. Its activation stays in the model's dtype and each
+output row has its own scale, so a row's result does not depend on the other rows in the batch:
+verifying k tokens at once gives what k single steps would.
 """
 
 from __future__ import annotations

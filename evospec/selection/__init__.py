@@ -5,6 +5,13 @@ from evospec.selection.rewards import REWARDS, block_divergence, block_efficienc
 from evospec.selection.selectors import DEFAULT_SELECTOR, SELECTORS, Selector, SelectorConfig, build_selector
 
 __all__ = [
-    "DEFAULT_SELECTOR", "REWARDS", "SELECTORS", "Selector", "SelectorConfig", "block_divergence", "block_efficiency",
-    "build_selector", "round_speed",
+    "DEFAULT_SELECTOR",
+    "REWARDS",
+    "SELECTORS",
+    "Selector",
+    "SelectorConfig",
+    "block_divergence",
+    "block_efficiency",
+    "build_selector",
+    "round_speed",
 ]

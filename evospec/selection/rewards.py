@@ -24,14 +24,16 @@ from evospec.sampling import Sampler
 from evospec.types import Draft, RoundTime, Verdict
 
 
-def block_efficiency(target_logits: torch.Tensor, draft: Draft, verdict: Verdict, sampler: Sampler, k: int,
-                     time: RoundTime) -> float:
+def block_efficiency(
+    target_logits: torch.Tensor, draft: Draft, verdict: Verdict, sampler: Sampler, k: int, time: RoundTime
+) -> float:
     """accepted / k (k: the draft length asked for; an empty draft scores 0)."""
     return verdict.num_accepted / k if k else 0.0
 
 
-def block_divergence(target_logits: torch.Tensor, draft: Draft, verdict: Verdict, sampler: Sampler, k: int,
-                     time: RoundTime) -> float:
+def block_divergence(
+    target_logits: torch.Tensor, draft: Draft, verdict: Verdict, sampler: Sampler, k: int, time: RoundTime
+) -> float:
     """(1/k) * sum over drafted positions j of sum_x min(p_j(x), q_j(x)). target_logits [m + 1, V]."""
     m = draft.size
     if m == 0 or k == 0:
@@ -48,8 +50,9 @@ def block_divergence(target_logits: torch.Tensor, draft: Draft, verdict: Verdict
     return float(overlap.sum()) / k
 
 
-def round_speed(target_logits: torch.Tensor, draft: Draft, verdict: Verdict, sampler: Sampler, k: int,
-                time: RoundTime) -> float:
+def round_speed(
+    target_logits: torch.Tensor, draft: Draft, verdict: Verdict, sampler: Sampler, k: int, time: RoundTime
+) -> float:
     """s / (1 + s) in [0, 1), s = (accepted + 1) * step_s / (draft_s + verify_s): speedup over plain decoding."""
     speedup = (verdict.num_accepted + 1) * time.step_s / (time.draft_s + time.verify_s)
     return speedup / (1 + speedup)

@@ -97,14 +97,20 @@ class _Counts:
 
     def state_dict(self) -> dict[str, Any]:
         version, internal, gauss = self.rng.getstate()
-        return {"kind": self._kind(), "arms": list(self.arms), "pulls": dict(self.pulls),
-                "rewards": dict(self.rewards), "rng": [version, list(internal), gauss]}
+        return {
+            "kind": self._kind(),
+            "arms": list(self.arms),
+            "pulls": dict(self.pulls),
+            "rewards": dict(self.rewards),
+            "rng": [version, list(internal), gauss],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = (state.get("kind"), state.get("arms"))
         if saved != (self._kind(), list(self.arms)):
-            raise EvospecError(f"saved selector state is for {saved[0]} over {saved[1]}, "
-                               f"not {self._kind()} over {list(self.arms)}")
+            raise EvospecError(
+                f"saved selector state is for {saved[0]} over {saved[1]}, not {self._kind()} over {list(self.arms)}"
+            )
         pulls = {arm: float(state["pulls"][arm]) for arm in self.arms}
         rewards = {arm: float(state["rewards"][arm]) for arm in self.arms}
         rng = random.Random()

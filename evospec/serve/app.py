@@ -30,7 +30,13 @@ from evospec.generation import Prompt, TextStream
 from evospec.serve.config import ServerConfig
 from evospec.serve.metrics import Metrics
 from evospec.serve.protocol import (
-    APIError, ChatCompletionRequest, CompletionRequest, Reply, as_api_error, parse_request, usage,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    Reply,
+    as_api_error,
+    parse_request,
+    usage,
 )
 from evospec.serve.worker import Job, Served, Worker
 
@@ -83,8 +89,9 @@ def create_app(
     def authorize(request: Request) -> None:
         sent = request.headers.get("authorization", "").encode()
         if not hmac.compare_digest(sent, f"Bearer {config.api_key}".encode()):  # in constant time
-            raise APIError(401, "missing or wrong API key; send the header 'Authorization: Bearer <key>'",
-                           code="invalid_api_key")
+            raise APIError(
+                401, "missing or wrong API key; send the header 'Authorization: Bearer <key>'", code="invalid_api_key"
+            )
 
     api = APIRouter(dependencies=[Depends(authorize)] if config.api_key else [])
 
@@ -114,11 +121,16 @@ def create_app(
         body = parse_request(ChatCompletionRequest, await read_body(request, config.max_body_bytes))
         return await generate(request, body, [message.model_dump() for message in body.messages], chat=True)
 
-    async def generate(request: Request, body: CompletionRequest | ChatCompletionRequest, prompt: Prompt,
-                       chat: bool) -> Response:
+    async def generate(
+        request: Request, body: CompletionRequest | ChatCompletionRequest, prompt: Prompt, chat: bool
+    ) -> Response:
         if body.model != model_name:
-            raise APIError(404, f"the model '{body.model}' does not exist; this server serves '{model_name}'",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"the model '{body.model}' does not exist; this server serves '{model_name}'",
+                param="model",
+                code="model_not_found",
+            )
         if not worker.ready.is_set():
             state = "failed to load" if worker.load_error else "is still loading"
             raise APIError(503, f"the model {state}", kind="server_error", code="model_not_ready")
@@ -132,8 +144,11 @@ def create_app(
                 raise value
             if body.stream:  # the answer is 200 from here on: later errors go into the stream
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
-                return StreamingResponse(sse(job, (kind, value), reply, include_usage), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"})
+                return StreamingResponse(
+                    sse(job, (kind, value), reply, include_usage),
+                    media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache"},
+                )
             while kind == "piece":
                 kind, value = await next_event(job, request)
         except ClientLeft:
@@ -149,8 +164,11 @@ def create_app(
     def generation_config(body: CompletionRequest | ChatCompletionRequest) -> GenerationConfig:
         max_tokens = body.requested_max_tokens() or defaults.max_new_tokens
         if max_tokens > config.max_tokens_limit:
-            raise APIError(400, f"max_tokens is {max_tokens}; this server allows at most {config.max_tokens_limit}",
-                           param="max_tokens")
+            raise APIError(
+                400,
+                f"max_tokens is {max_tokens}; this server allows at most {config.max_tokens_limit}",
+                param="max_tokens",
+            )
         seed = body.seed if body.seed is not None else secrets.randbits(63)
         sampling = SamplingConfig(temperature=body.temperature, top_k=max(body.top_k, 0), top_p=body.top_p, seed=seed)
         return replace(defaults, max_new_tokens=max_tokens, stop=tuple(body.stop or ()), sampling=sampling)

@@ -26,22 +26,32 @@ class Metrics:
         self.num_accepted_tokens_per_pos = counter(
             f"{spec}_accepted_tokens_per_pos", "Accepted draft tokens at each draft position.", ("position",)
         )
-        self.requests = counter("vllm:request_success", "Finished requests (abort: the client left).",
-                                ("finished_reason",))
+        self.requests = counter(
+            "vllm:request_success", "Finished requests (abort: the client left).", ("finished_reason",)
+        )
         self.errors = counter("evospec:request_errors", "Requests answered with an error.", ("status",))
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens prefilled.")
         self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
-        self.selector_pulls = counter("evospec:selector_pulls", "Rounds in which the selector picked each drafter.",
-                                      ("drafter",))
-        self.drafter_version = Gauge("evospec:drafter_version", "Learning updates applied to the drafters.",
-                                     registry=self.registry)
-        self.learn_seconds = counter("evospec:learn_seconds", "Seconds spent learning (and telling learners what the target said).")
+        self.selector_pulls = counter(
+            "evospec:selector_pulls", "Rounds in which the selector picked each drafter.", ("drafter",)
+        )
+        self.drafter_version = Gauge(
+            "evospec:drafter_version", "Learning updates applied to the drafters.", registry=self.registry
+        )
+        self.learn_seconds = counter(
+            "evospec:learn_seconds", "Seconds spent learning (and telling learners what the target said)."
+        )
         # Gauges, not counters: a restart restores the learners' counts from the saved state.
-        self.learner_steps = Gauge("evospec:learner_steps", "Learning steps of each drafter's learner: taken, "
-                                   "skipped (a non-finite loss or gradient) and rolled back by the guard.",
-                                   ("drafter", "outcome"), registry=self.registry)
-        self.state_sequence = Gauge("evospec:state_sequence", "Number of the state last saved or loaded (0: none).",
-                                    registry=self.registry)
+        self.learner_steps = Gauge(
+            "evospec:learner_steps",
+            "Learning steps of each drafter's learner: taken, "
+            "skipped (a non-finite loss or gradient) and rolled back by the guard.",
+            ("drafter", "outcome"),
+            registry=self.registry,
+        )
+        self.state_sequence = Gauge(
+            "evospec:state_sequence", "Number of the state last saved or loaded (0: none).", registry=self.registry
+        )
 
     def observe(self, stats: SpecStats, finished_reason: str) -> None:
         """Count one finished (or aborted) request."""
@@ -61,7 +71,11 @@ class Metrics:
         """The learners' step counts so far."""
         for learner in learners:
             stats = learner.stats
-            for outcome, count in (("taken", stats.steps), ("skipped", stats.skipped), ("rolled_back", stats.rollbacks)):
+            for outcome, count in (
+                ("taken", stats.steps),
+                ("skipped", stats.skipped),
+                ("rolled_back", stats.rollbacks),
+            ):
                 self.learner_steps.labels(learner.drafter.name, outcome).set(count)
 
     def exposition(self) -> bytes:

@@ -17,8 +17,15 @@ from evospec.stats import SpecStats
 class APIError(Exception):
     """An error answered as OpenAI answers it: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
@@ -117,8 +124,9 @@ def parse_request(kind: type[Request], body: bytes) -> Request:
     except ValidationError as error:
         problems = error.errors(include_url=False)
         where = [".".join(str(part) for part in problem["loc"]) for problem in problems]
-        message = "; ".join(f"{loc}: {problem['msg']}" if loc else problem["msg"]
-                            for loc, problem in zip(where, problems))
+        message = "; ".join(
+            f"{loc}: {problem['msg']}" if loc else problem["msg"] for loc, problem in zip(where, problems)
+        )
         raise APIError(400, message, param=where[0] or None) from None
 
 
@@ -131,9 +139,13 @@ def usage(prompt_tokens: int, completion_tokens: int, stats: SpecStats) -> dict[
     accepted = drafted.num_accepted_tokens if drafted else 0
     rejected = drafted.num_draft_tokens - accepted if drafted else 0
     details = {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": rejected}
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens, "completion_tokens_details": details,
-            "spec_decode": stats.to_dict()}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens_details": details,
+        "spec_decode": stats.to_dict(),
+    }
 
 
 class Reply:
@@ -146,8 +158,12 @@ class Reply:
 
     def full(self, text: str, finish_reason: str, usage: dict[str, Any]) -> dict[str, Any]:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish_reason}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
             return {**self.head, "object": "chat.completion", "choices": [choice], "usage": usage}
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         return {**self.head, "object": "text_completion", "choices": [choice], "usage": usage}

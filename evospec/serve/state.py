@@ -102,12 +102,16 @@ class StateStore:
             write_atomically(folder / filename, data, durable=True)
             time.sleep(self._delay_s)
         manifest = {
-            "format": FORMAT, "sequence": sequence, "drafter_version": drafter_version, "saved_at": time.time(),
-            "components": sorted(components), "sha256": {name: _sha256(data) for name, data in files.items()},
+            "format": FORMAT,
+            "sequence": sequence,
+            "drafter_version": drafter_version,
+            "saved_at": time.time(),
+            "components": sorted(components),
+            "sha256": {name: _sha256(data) for name, data in files.items()},
         }
         write_atomically(folder / MANIFEST, json.dumps(manifest, indent=1), durable=True)
         complete = [path for _, path in earlier if (path / MANIFEST).exists()]
-        kept = complete[len(complete) - self.keep + 1:] if self.keep > 1 else []
+        kept = complete[len(complete) - self.keep + 1 :] if self.keep > 1 else []
         for _, old in earlier:
             if old not in kept:  # partial saves go too
                 shutil.rmtree(old, ignore_errors=True)

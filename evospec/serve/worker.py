@@ -57,8 +57,13 @@ class Worker:
     saved state, then serves queued jobs one by one and saves the state every `save_every` requests and
     when stopped. A failed load is kept in `load_error` and reported through on_load_error."""
 
-    def __init__(self, load: Callable[[], Served], config: ServerConfig, metrics: Metrics,
-                 on_load_error: Callable[[BaseException], None]) -> None:
+    def __init__(
+        self,
+        load: Callable[[], Served],
+        config: ServerConfig,
+        metrics: Metrics,
+        on_load_error: Callable[[BaseException], None],
+    ) -> None:
         self._load = load
         self._config = config
         self._metrics = metrics
@@ -116,12 +121,20 @@ class Worker:
         try:
             stream = generator.stream(job.prompt, job.config, chat=job.chat, prediction=job.prediction)
             if len(stream.prompt_ids) > self._config.max_prompt_tokens:
-                raise APIError(400, f"the prompt has {len(stream.prompt_ids)} tokens; this server takes at most "
-                                    f"{self._config.max_prompt_tokens}", param="messages" if job.chat else "prompt",
-                               code="context_length_exceeded")
+                raise APIError(
+                    400,
+                    f"the prompt has {len(stream.prompt_ids)} tokens; this server takes at most "
+                    f"{self._config.max_prompt_tokens}",
+                    param="messages" if job.chat else "prompt",
+                    code="context_length_exceeded",
+                )
             if len(stream.prediction_ids) > self._config.max_prediction_tokens:
-                raise APIError(400, f"the prediction has {len(stream.prediction_ids)} tokens; this server takes at most "
-                                    f"{self._config.max_prediction_tokens}", param="prediction")
+                raise APIError(
+                    400,
+                    f"the prediction has {len(stream.prediction_ids)} tokens; this server takes at most "
+                    f"{self._config.max_prediction_tokens}",
+                    param="prediction",
+                )
             pieces = iter(stream)
             try:
                 for piece in pieces:
@@ -146,8 +159,9 @@ class Worker:
         saved = store.load(components) if store else None
         if saved is None:
             return 0
-        log.info("restored state %d (drafter version %d) from %s", saved.sequence, saved.drafter_version,
-                 store.directory)
+        log.info(
+            "restored state %d (drafter version %d) from %s", saved.sequence, saved.drafter_version, store.directory
+        )
         self._metrics.state_sequence.set(saved.sequence)
         self._metrics.drafter_version.set(saved.drafter_version)
         return saved.drafter_version
@@ -155,7 +169,9 @@ class Worker:
     def _save(self, store: StateStore, components: Mapping[str, Stateful], drafter_version: int) -> None:
         try:
             saved = store.save(components, drafter_version)
-        except Exception:  # a full disk or a component's bad state must not take the server down; the next save tries again
+        except (
+            Exception
+        ):  # a full disk or a component's bad state must not take the server down; the next save tries again
             log.exception("saving the state to %s failed", store.directory)
             return
         self._metrics.state_sequence.set(saved.sequence)
