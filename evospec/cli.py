@@ -324,9 +324,64 @@ def cmd_train_drafter(args: argparse.Namespace) -> None:
     )  # named as DistillConfig's fields
     config = DistillConfig(**{name: getattr(args, name) for name in options})
     out = Path(args.out).expanduser()
-    check_run(args.kind, out, config)  # the corpus and the output directory, before loading the target
+    recorded = []
+    if (Path(args.data).expanduser() / "meta.json").is_file():  # a trace set: the target's answers are given
+        from evospec.bench.traces import load_traces
+
+        traces = load_traces(Path(args.data))
+        if traces.meta["target"] != args.target:
+            raise EvospecError(f"{args.data} holds answers of {traces.meta['target']}, not of {args.target}")
+        recorded = [(list(a.prompt_ids), list(a.answer_ids)) for a in traces.answers]
+    check_run(args.kind, out, config, bool(recorded))  # the corpus and the output directory, before loading
     target = load_model(args.target, args.backend, _load_config(args))
-    print(distill(target, args.kind, out, config).describe())
+    print(distill(target, args.kind, out, config, recorded=recorded).describe())
+
+
+def cmd_traces_collect(args: argparse.Namespace) -> None:
+    from evospec.bench.traces import collect_traces, dataset_prompts, export_answers
+    from evospec.models.loading import load_model
+
+    dataset_prompts(args.data)  # a bad --data fails before the target loads
+    target = load_model(args.target, args.backend, _load_config(args))
+    out = Path(args.out).expanduser() if args.out else None
+    traces = collect_traces(target, args.data, args.n, args.max_new_tokens, out)
+    print(f"{len(traces.answers)} answers of {target.name} to {args.data} in {traces.directory}")
+    if args.export:
+        export_answers(traces, Path(args.export))
+        print(f"token ids written to {args.export} (answers.jsonl.gz, meta.json)")
+
+
+def _named_traces(values: list[str]) -> tuple[tuple[str, Path], ...]:
+    """--traces NAME=DIR (or DIR, named by its folder) -> ((name, directory), ...)."""
+    named = []
+    for value in values:
+        name, _, directory = value.rpartition("=")
+        path = Path(directory).expanduser()
+        named.append((name or path.name, path))
+    if len({name for name, _ in named}) != len(named):
+        raise EvospecError(f"--traces names must differ, got {[name for name, _ in named]}")
+    return tuple(named)
+
+
+def cmd_replay(args: argparse.Namespace) -> None:
+    from evospec.bench.replay import ReplaySettings, run_replay
+
+    settings = ReplaySettings(
+        traces=_named_traces(args.traces),
+        stream=args.stream,
+        interleave=args.interleave,
+        methods=tuple(args.method),
+        profile=args.profile,
+        block_size=args.block_size,
+        num_speculative_tokens=args.k,
+        out_dir=Path(args.out),
+        command="evospec " + shlex.join(sys.argv[1:]),
+        draft_model=args.draft_model,
+        white_box=Path(args.white_box).expanduser() if args.white_box else None,
+        learning=_learner_config(args),
+        live=args.live,
+    )
+    run_replay(settings)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -414,6 +469,58 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generation_options(bench)
     bench.set_defaults(handler=cmd_bench)
 
+    traces = commands.add_parser("traces", help="record a target's answers for evospec replay")
+    traces_commands = traces.add_subparsers(dest="traces_command", required=True)
+    collect = traces_commands.add_parser(
+        "collect", help="the target's greedy answers to a dataset, resumable, cached under $EVOSPEC_HOME/traces"
+    )
+    collect.add_argument("--target", required=True, help="zoo alias, local directory, .gguf file or HF id")
+    collect.add_argument(
+        "--data",
+        required=True,
+        help="gsm8k-train | gsm8k-test | humaneval | spec-bench | spec-bench:CATEGORY | a .jsonl or .txt file",
+    )
+    collect.add_argument("--n", type=int, required=True, help="the first N prompts of the dataset")
+    collect.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens, help="longest answer")
+    collect.add_argument("--out", help="the trace set's directory (default: under $EVOSPEC_HOME/traces)")
+    collect.add_argument("--export", metavar="DIR", help="also write the token ids here, small enough to commit")
+    _add_backend_options(collect, verifies=False)
+    collect.set_defaults(handler=cmd_traces_collect)
+
+    replay = commands.add_parser(
+        "replay", help="bench methods over recorded answers: exact greedy tau and rounds, projected tokens/s"
+    )
+    replay.add_argument(
+        "--traces", action="append", required=True, metavar="[NAME=]DIR", help="a trace set (repeatable)"
+    )
+    replay.add_argument(
+        "--stream",
+        help="parts joined by '+', each NAME or NAME[START:END] of the trace sets, one after another "
+        "(default: every trace set whole)",
+    )
+    replay.add_argument("--interleave", action="store_true", help="the parts request by request (a mixed stream)")
+    replay.add_argument("--method", action="append", required=True, help="a bench method (repeatable)")
+    replay.add_argument(
+        "--profile",
+        default="measured",
+        help="what a target pass costs: measured (this machine's T(n)) or a named profile "
+        "(evospec/data/cost_profiles.toml, e.g. h100-bf16-roofline)",
+    )
+    replay.add_argument("--block-size", type=int, default=100, help="requests per block of per_block and the plot")
+    replay.add_argument("--k", type=int, default=DEFAULTS.num_speculative_tokens, help="draft length per round")
+    replay.add_argument("--draft-model", help="a small LM for evospec:MODEL and the selectors' small-LM arm")
+    replay.add_argument(
+        "--white-box", metavar="CHECKPOINT", help="an eagle or hydra checkpoint (evospec train-drafter)"
+    )
+    _add_learning_options(replay.add_argument_group("how the learning methods learn"))
+    replay.add_argument(
+        "--live",
+        action="store_true",
+        help="run the methods on the real target instead, timed for real (to check a replay against)",
+    )
+    replay.add_argument("--out", required=True, help="directory for results.json, results.md and plots")
+    replay.set_defaults(handler=cmd_replay)
+
     from evospec.config import DistillConfig  # here, not at the top: only this command's options need it
 
     warm = DistillConfig()
@@ -428,8 +535,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--data",
         default=warm.data,
-        help="gsm8k (GSM8K train questions, shipped), a .jsonl file (field question, prompt or text) "
-        "or a .txt file (one prompt a line)",
+        help="gsm8k (GSM8K train questions, shipped), a .jsonl file (field question, prompt or text), "
+        "a .txt file (one prompt a line), or a trace set of evospec traces collect (its answers are reused)",
     )
     _add_int_options(
         train,

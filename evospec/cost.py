@@ -12,7 +12,9 @@ import hashlib
 import json
 import statistics
 import time
+import tomllib
 from dataclasses import asdict, dataclass
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +114,26 @@ def cached_forward_cost(lm: LanguageModel, model_key: str, max_tokens: int, voca
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, json.dumps({"model": model_key, "machine": machine_key(), **asdict(cost)}))
     return cost
+
+
+MEASURED = "measured"  # the profile of this machine: the target's T(n) timed here
+
+
+def cost_profiles() -> dict[str, dict]:
+    """The named cost profiles shipped with the package (data/cost_profiles.toml): name -> source, sizes, ratios."""
+    return tomllib.loads(resources.files("evospec").joinpath("data/cost_profiles.toml").read_text())
+
+
+def profile_cost(name: str, step_s: float, max_tokens: int) -> ForwardCost:
+    """A named profile's T(n) up to max_tokens, scaled so that T(1) = step_s (this machine's measured step)."""
+    profiles = cost_profiles()
+    if name not in profiles:
+        raise EvospecError(f"unknown cost profile {name!r}; choose {MEASURED} or one of {', '.join(profiles)}")
+    sizes, ratios = profiles[name]["sizes"], profiles[name]["ratios"]
+    if max_tokens > sizes[-1]:
+        raise EvospecError(f"cost profile {name} covers forwards of up to {sizes[-1]} tokens, not {max_tokens}")
+    curve = range(1, max_tokens + 1)
+    return ForwardCost(tuple(step_s * float(np.interp(n, sizes, ratios)) for n in curve), tuple(curve))
 
 
 def _cache_path(model_key: str) -> Path:

@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -34,7 +35,6 @@ from tqdm.auto import tqdm
 from evospec.config import DistillConfig, GenerationConfig
 from evospec.drafters.registry import WHITE_BOX_KINDS, new_white_box_drafter
 from evospec.drafters.whitebox import ReducedVocab, WhiteBoxConfig, WhiteBoxDrafter
-from evospec.engine import FEEDBACK_TOP_K
 from evospec.errors import EvospecError
 from evospec.files import save_tensors_atomically
 from evospec.generation import build_engine, encode_prompt
@@ -43,7 +43,7 @@ from evospec.learning.buffer import packed, window_spans
 from evospec.learning.losses import LossConfig, drafter_loss
 from evospec.models.backend import LoadedModel
 from evospec.stats import SpecStats
-from evospec.target import top_next_tokens
+from evospec.target import FEEDBACK_TOP_K, top_next_tokens
 
 CORPORA = {"gsm8k": "data/gsm8k/train.jsonl"}  # shipped corpora: name -> file in the package
 TEXT_FIELDS = ("question", "prompt", "text")  # a .jsonl row's prompt: the first of these it has
@@ -115,8 +115,9 @@ def _number(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
-def check_run(kind: str, out: Path, config: DistillConfig) -> list[str]:
-    """Everything that can be checked before the target loads; -> the corpus's prompts."""
+def check_run(kind: str, out: Path, config: DistillConfig, recorded: bool = False) -> list[str]:
+    """Everything that can be checked before the target loads; -> the corpus's prompts (none when
+    recorded: config.data is a trace set, whose answers the caller reads)."""
     if kind not in WHITE_BOX_KINDS:
         raise EvospecError(f"unknown drafter kind {kind!r}; train-drafter trains {' or '.join(WHITE_BOX_KINDS)}")
     if (out / "drafter.json").exists() and not config.resume:
@@ -127,7 +128,7 @@ def check_run(kind: str, out: Path, config: DistillConfig) -> list[str]:
         raise EvospecError(f"--out {out} is a file, not a directory")
     if config.start_from is not None and not (Path(config.start_from).expanduser() / "drafter.json").is_file():
         raise EvospecError(f"--from {config.start_from}: not a drafter checkpoint (no drafter.json)")
-    return read_corpus(config.data)
+    return [] if recorded else read_corpus(config.data)
 
 
 def read_corpus(data: str) -> list[str]:
@@ -167,9 +168,18 @@ def _jsonl_prompts(text: str, name: str) -> list[str]:
     return prompts
 
 
-def distill(target: LoadedModel, kind: str, out: Path, config: DistillConfig, progress: bool = True) -> DistillResult:
-    """Warm up a `kind` drafter for target on the corpus config names and save it to out (see the module docstring)."""
-    prompts = check_run(kind, out, config)[: config.samples]
+def distill(
+    target: LoadedModel,
+    kind: str,
+    out: Path,
+    config: DistillConfig,
+    progress: bool = True,
+    recorded: Sequence[tuple[list[int], list[int]]] = (),
+) -> DistillResult:
+    """Warm up a `kind` drafter for target on the corpus config names and save it to out (see the module
+    docstring). recorded: (prompt ids, answer ids) the target already gave (a trace set of evospec
+    traces collect); then they are the corpus, and the target only makes the pass over each."""
+    prompts = check_run(kind, out, config, recorded=bool(recorded))[: config.samples]
     resumed = config.resume and (out / "drafter.json").exists()
     # 1. The drafter to go on with, when its weights exist (fail before minutes of collecting).
     drafter, meta = None, {}
@@ -180,7 +190,7 @@ def distill(target: LoadedModel, kind: str, out: Path, config: DistillConfig, pr
         drafter = new_white_box_drafter(kind, target, start)
         drafter.version = int(json.loads((start / "drafter.json").read_text()).get("drafter_version", 0))
     # 2. The target answers each prompt; one pass over prompt + answer says what it thinks at every position.
-    collection = collect(target, prompts, out / "traces", config, progress)
+    collection = collect(target, prompts, out / "traces", config, progress, recorded[: config.samples])
     samples = collection.samples
     held_out = min(math.ceil(len(samples) * config.holdout), len(samples) - 1)
     train, test = samples[: len(samples) - held_out], samples[len(samples) - held_out :]
@@ -246,24 +256,31 @@ class Collection:
 
 
 def collect(
-    target: LoadedModel, prompts: list[str], directory: Path, config: DistillConfig, progress: bool = True
+    target: LoadedModel,
+    prompts: list[str],
+    directory: Path,
+    config: DistillConfig,
+    progress: bool = True,
+    recorded: Sequence[tuple[list[int], list[int]]] = (),
 ) -> Collection:
     """The target's greedy answer to each prompt (chat template when it has one) and what it says at
-    every position of prompt + answer; cached in directory, one file per prompt, so none is answered twice."""
+    every position of prompt + answer; cached in directory, one file per prompt, so none is answered twice.
+    recorded: (prompt ids, answer ids) pairs to use instead of prompts, their answers already given."""
     cache = _TraceCache(directory, target, config.max_new_tokens)
     engine = build_engine(target, [])
     lm = target.new_lm(hidden_states=True)
     chat = bool(target.tokenizer.chat_template)
     samples, collected, reused = [], 0, 0
-    for index, prompt in enumerate(tqdm(prompts, desc="collect", unit="sample", disable=not progress)):
-        prompt_ids = encode_prompt(target, prompt, chat)
+    items = recorded or [(encode_prompt(target, prompt, chat), None) for prompt in prompts]
+    for index, (prompt_ids, answer) in enumerate(tqdm(items, desc="collect", unit="sample", disable=not progress)):
         if len(prompt_ids) >= target.context_length:
             continue
         sample = cache.load(index, prompt_ids)
         if sample is None:
-            answer = list(
-                engine.generate(prompt_ids, GenerationConfig(max_new_tokens=config.max_new_tokens), SpecStats())
-            )
+            if answer is None:
+                answer = list(
+                    engine.generate(prompt_ids, GenerationConfig(max_new_tokens=config.max_new_tokens), SpecStats())
+                )
             sample = _target_pass(lm, prompt_ids + answer, len(prompt_ids), config.forward_rows)
             cache.save(index, prompt_ids, sample)
             collected += 1
@@ -272,7 +289,7 @@ def collect(
         samples.append(sample)
     if not samples:
         raise EvospecError(f"no prompt of {config.data} fits the target's context of {target.context_length} tokens")
-    return Collection(samples, collected, reused, len(prompts) - len(samples))
+    return Collection(samples, collected, reused, len(items) - len(samples))
 
 
 def _resumed_drafter(kind: str, target: LoadedModel, out: Path, config: DistillConfig) -> tuple[WhiteBoxDrafter, dict]:

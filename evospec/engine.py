@@ -12,16 +12,15 @@ from evospec.config import GenerationConfig
 from evospec.cost import ForwardCost
 from evospec.draft_length import DraftLength, FixedDraftLength
 from evospec.drafters import Drafter, empty_draft
+from evospec.drafters.base import common_prefix_length
 from evospec.errors import EvospecError
 from evospec.learning import OnlineLearner
 from evospec.sampling import Sampler
 from evospec.selection import REWARDS, Selector, build_selector
 from evospec.stats import SpecStats
-from evospec.target import LanguageModel, PromptPass, top_next_tokens
-from evospec.types import Attempt, RoundFeedback, RoundTime, Verdict
+from evospec.target import FEEDBACK_TOP_K, LanguageModel, PromptPass, top_next_tokens
+from evospec.types import Attempt, Draft, RoundFeedback, RoundTime, Verdict
 from evospec.verify import verify
-
-FEEDBACK_TOP_K = 16  # the target's most likely next tokens kept per verified position for learners
 
 
 @dataclass(frozen=True)
@@ -80,6 +79,7 @@ class Engine:
         self._reads_hidden = reads_hidden_states(drafters, self.learners)
         self._prompt_rows = max((learner.prompt_rows for learner in self.learners), default=0)
         self.requests = 0
+        self._awake: list[str] = []  # the drafters with something to draft in the current request
 
     def generate(
         self, prompt_ids: list[int], config: GenerationConfig, stats: SpecStats, prediction: Sequence[int] = ()
@@ -98,6 +98,7 @@ class Engine:
         context = list(prompt_ids)
         self.target.reset()
         awake = [name for name, drafter in self.drafters.items() if drafter.begin(context, prediction)]
+        self._awake = awake
         if awake:  # the drafters with something to draft from in this request; without any, plain decoding
             self.selector.begin_request(awake)
         try:
@@ -166,8 +167,24 @@ class Engine:
             return Attempt(name, empty_draft(), empty_draft(), asked=0, draft_s=0.0)
         start = self.clock()
         proposed = drafter.propose(context, asked, sampler)
+        counterfactuals = self._counterfactuals(name, context, room, config, sampler)
         seconds = self.clock() - start
-        return Attempt(name, proposed.truncated(self.draft_length.keep(name, proposed)), proposed, asked, seconds)
+        draft = proposed.truncated(self.draft_length.keep(name, proposed))
+        return Attempt(name, draft, proposed, asked, seconds, counterfactuals)
+
+    def _counterfactuals(
+        self, pulled: str, context: list[int], room: int, config: GenerationConfig, sampler: Sampler
+    ) -> tuple[tuple[str, Draft, int], ...]:
+        """For a full-information selector: what every other cheap awake drafter drafts this round."""
+        if not self.selector.full_information:
+            return ()
+        drafts = []
+        for name in self._awake:
+            if name != pulled and self.drafters[name].model_free:
+                asked = self.draft_length.budget(name, min(config.num_speculative_tokens, room), True)
+                if asked > 0:
+                    drafts.append((name, self.drafters[name].propose(context, asked, sampler), asked))
+        return tuple(drafts)
 
     def _feed_back(
         self, attempt: Attempt, verdict: Verdict, passed: TargetPass, sampler: Sampler, stats: SpecStats
@@ -177,6 +194,14 @@ class Engine:
         reward = REWARDS[self.selector.reward_kind](
             passed.logits, attempt.draft, verdict, sampler, attempt.asked, seconds
         )
+        if self.selector.full_information and attempt.asked:  # every cheap draft scored on what this pass verified
+            scores = {
+                name: common_prefix_length(draft.tokens.tolist(), verdict.emitted) / asked
+                for name, draft, asked in attempt.counterfactuals
+            }
+            if self.drafters[attempt.drafter].model_free:
+                scores[attempt.drafter] = reward
+            self.selector.observe(scores)
         self.selector.update(attempt.drafter, reward)
         self.draft_length.observe(attempt, verdict)
         stats.record_drafter(attempt, verdict, reward)

@@ -40,6 +40,7 @@ def build_engine(
         selector,
         learners,
         forward_cost,
+        clock=target.clock,
     )
 
 

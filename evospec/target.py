@@ -11,6 +11,8 @@ from typing import Protocol
 
 import torch
 
+FEEDBACK_TOP_K = 16  # the target's most likely next tokens kept per verified position for learners
+
 
 @dataclass(frozen=True)
 class PromptPass:

@@ -58,6 +58,9 @@ class Attempt:
     proposed: Draft  # what the drafter drafted
     asked: int  # tokens asked of the drafter; 0 when the policy chose a plain step
     draft_s: float  # seconds in the drafter's propose, catch-up on unseen tokens included
+    # A full-information selector's view: what each other cheap awake drafter would have drafted
+    # this round, and the tokens it was asked for (scored on the verified tokens, never verified).
+    counterfactuals: tuple[tuple[str, Draft, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,25 @@ def tiny_model(seed: int, noise: float = 0.0, base: LlamaForCausalLM | None = No
     return model.eval().requires_grad_(False)
 
 
+HIDDEN = 64  # tiny_model's
+
+
+def white_box(kind: str, target, seed: int = 0):
+    """A new (random) eagle or hydra drafter of a tiny shape for target, seeded."""
+    from evospec.drafters.registry import new_white_box_drafter
+    from evospec.drafters.whitebox import WhiteBoxConfig
+
+    torch.manual_seed(seed)
+    return new_white_box_drafter(kind, target, config=WhiteBoxConfig(kind, HIDDEN, head_vocab=80, intermediate_size=96))
+
+
+def adapted_lm(target, noise: float = 0.6, seed: int = 1):
+    """A small LM with adapters: the tiny target's weights jittered (a fresh model: adapters go into it)."""
+    from evospec.drafters.adapted_lm import AdaptedLMDrafter
+
+    return AdaptedLMDrafter(tiny_model(seed=seed, noise=noise, base=target.model), "lora:tiny")
+
+
 @pytest.fixture(scope="session")
 def tiny_target() -> LlamaForCausalLM:
     return tiny_model(seed=0)

@@ -140,7 +140,7 @@ def test_resuming_with_another_kind_target_or_data_is_refused(sharp_target, corp
 
 def test_corpora(tmp_path):
     gsm8k = read_corpus("gsm8k")
-    assert len(gsm8k) == 2000 and gsm8k[0].startswith("Natalia sold clips")
+    assert len(gsm8k) == 7473 and gsm8k[0].startswith("Natalia sold clips")
     rows = [{"question": "q?"}, {"prompt": "p"}, {"text": "t", "id": 3}]
     (tmp_path / "rows.jsonl").write_text("\n".join(json.dumps(row) for row in rows) + "\n\n")
     assert read_corpus(str(tmp_path / "rows.jsonl")) == ["q?", "p", "t"]

@@ -10,31 +10,17 @@ import torch
 
 from evospec.config import GenerationConfig, SamplingConfig
 from evospec.drafters import SmallLMDrafter
-from evospec.drafters.adapted_lm import AdaptedLMDrafter, AdapterConfig
+from evospec.drafters.adapted_lm import AdapterConfig
 from evospec.drafters.registry import WHITE_BOX_KINDS, new_white_box_drafter
-from evospec.drafters.whitebox import WhiteBoxConfig
 from evospec.engine import Engine
 from evospec.errors import EvospecError
 from evospec.learning import LEARNERS, FeedbackBuffer, LearnerConfig, build_learner
-from evospec.models.backend import LoadedModel
 from evospec.models.hf import CachedLM
 from evospec.sampling import Sampler
 from evospec.stats import SpecStats
 from evospec.types import RoundFeedback
 
-from conftest import TINY_VOCAB, random_prompts, reference_greedy, tiny_model
-
-HIDDEN = 64  # tiny_model's
-
-
-def white_box(kind: str, target: LoadedModel, seed: int = 0):
-    torch.manual_seed(seed)
-    return new_white_box_drafter(kind, target, config=WhiteBoxConfig(kind, HIDDEN, head_vocab=80, intermediate_size=96))
-
-
-def adapted_lm(target: LoadedModel, noise: float = 0.6, seed: int = 1) -> AdaptedLMDrafter:
-    """A small LM with adapters: the tiny target's weights jittered (a fresh model: adapters go into it)."""
-    return AdaptedLMDrafter(tiny_model(seed=seed, noise=noise, base=target.model), "lora:tiny")
+from conftest import HIDDEN, TINY_VOCAB, adapted_lm, random_prompts, reference_greedy, tiny_model, white_box
 
 
 def run(

@@ -80,14 +80,19 @@ EDITS: dict[str, Callable[[str, ast.FunctionDef], str]] = {
 }
 
 
+def humaneval_problems() -> list[dict]:
+    """HumanEval's 164 problems (task_id, prompt, canonical_solution, entry_point, ...), in order."""
+    with gzip.open(resources.files("evospec").joinpath("data/humaneval/HumanEval.jsonl.gz").open("rb"), "rt") as rows:
+        return [json.loads(row) for row in rows]
+
+
 def edits(per_kind: int) -> list[Prompt]:
     """per_kind edit requests of each kind (EDITS) on HumanEval's canonical solutions, kind after kind.
     Each asks for the whole edited function back and carries the original code as its prediction;
     kind i takes problems i, i + len(EDITS), ... so that no two requests edit the same function."""
     if per_kind < 1:
         raise EvospecError(f"--per-category must be >= 1, got {per_kind}")
-    with gzip.open(resources.files("evospec").joinpath("data/humaneval/HumanEval.jsonl.gz").open("rb"), "rt") as rows:
-        problems = [json.loads(row) for row in rows]
+    problems = humaneval_problems()
     if per_kind * len(EDITS) > len(problems):
         raise EvospecError(
             f"the edit workload has {len(problems) // len(EDITS)} requests of each kind, asked for {per_kind}"

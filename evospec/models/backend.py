@@ -4,11 +4,14 @@ Everything evospec asks of a model beyond the LanguageModel it runs on goes thro
 it loads (and so what a LoadedModel says of its sizes and end-of-generation tokens), its token
 matrices (white-box drafters read them), the key that its measured forward cost is cached under, the
 benchmark baselines of its own generation loop and which models it can run. A new backend is one
-module with one such object, registered in `models/loading.py`.
+module with one such object, registered in `models/loading.py`; a recorded target
+(`models/replay.py`) is one too, whose passes cost what a profile says on a clock of its own.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -64,6 +67,24 @@ class Backend(Protocol):
     def threads(self, model: Any) -> int:
         """The CPU threads its forwards use."""
 
+    def forward_cost(self, loaded: LoadedModel, max_tokens: int) -> ForwardCost:
+        """T(n) of the model up to max_tokens, as the draft-length policy and the rewards weigh it."""
+
+    def clock(self, model: Any) -> Callable[[], float]:
+        """The seconds the engine times its work with."""
+
+
+class MeasuredBackend:
+    """What a backend that really runs models shares: its forwards cost what they are measured to
+    cost on this machine, and time is the wall clock."""
+
+    def forward_cost(self, loaded: LoadedModel, max_tokens: int) -> ForwardCost:
+        """Measured once on this machine and cached (cost.py)."""
+        return cached_forward_cost(loaded.new_lm(), self.cost_key(loaded), max_tokens, loaded.vocab_size)
+
+    def clock(self, model: Any) -> Callable[[], float]:
+        return time.perf_counter
+
 
 @dataclass(frozen=True)
 class LoadedModel:
@@ -94,5 +115,9 @@ class LoadedModel:
         return self.backend.token_matrices(self.model)
 
     def forward_cost(self, max_tokens: int) -> ForwardCost:
-        """T(n) of this model on this machine up to max_tokens, measured once and cached."""
-        return cached_forward_cost(self.new_lm(), self.backend.cost_key(self), max_tokens, self.vocab_size)
+        """T(n) of this model up to max_tokens: measured on this machine (cached), or a replay's profile."""
+        return self.backend.forward_cost(self, max_tokens)
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.backend.clock(self.model)

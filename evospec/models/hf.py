@@ -17,7 +17,7 @@ from evospec.config import DEFAULT_DTYPE, DTYPES, LoadConfig
 from evospec.errors import EvospecError
 from evospec.files import evospec_home
 from evospec.machine import default_threads
-from evospec.models.backend import LoadedModel
+from evospec.models.backend import LoadedModel, MeasuredBackend
 from evospec.models.quantize import Int8WeightLinear, quantize_int8_weights
 from evospec.models.zoo import ZOO, convert_gguf, converted
 from evospec.target import PromptPass, top_next_tokens
@@ -111,7 +111,7 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-class HFBackend:
+class HFBackend(MeasuredBackend):
     """PyTorch through transformers: any causal LM, dense weights in a torch dtype."""
 
     name = "hf"

@@ -30,7 +30,7 @@ from transformers import AutoTokenizer
 from evospec.config import LoadConfig
 from evospec.errors import EvospecError
 from evospec.machine import default_threads
-from evospec.models.backend import LoadedModel
+from evospec.models.backend import LoadedModel, MeasuredBackend
 from evospec.models.hf import default_device, from_pretrained, gguf_cache_dir
 from evospec.models.zoo import ZOO, convert_tokenizer, pull, tokenizer_dir
 from evospec.target import PromptPass, top_next_tokens
@@ -270,7 +270,7 @@ def _is_gguf(spec: str) -> bool:
     return spec in ZOO or (spec.endswith(".gguf") and Path(spec).expanduser().is_file())
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(MeasuredBackend):
     """llama.cpp: a GGUF file run as it is, on the CPU. The default for GGUF files and zoo aliases on a
     machine without a GPU."""
 

@@ -38,12 +38,19 @@ class Selector(Protocol):
 
     arms: tuple[str, ...]
     reward_kind: str  # "bd" (block divergence), "be" (block efficiency) or "speed" (round speed), see rewards.py
+    # Full information: besides the pulled arm's reward, observe() hears what every cheap arm's own
+    # draft of the round would have scored (the engine drafts them too: model-free drafters only).
+    full_information: bool
 
     def select(self) -> str:
         """The arm to pull this round."""
 
     def update(self, arm: str, reward: float) -> None:
         """The reward of the round in which `arm` was pulled."""
+
+    def observe(self, rewards: dict[str, float]) -> None:
+        """Full information only: the round's reward of each cheap arm's draft, the pulled arm's own
+        included when it is cheap; called before update of the same round."""
 
     def begin_request(self, awake: Sequence[str]) -> None:
         """A new request starts; only the awake arms (the drafters with something to draft for it) may
@@ -58,6 +65,8 @@ class Selector(Protocol):
 
 class _Counts:
     """Discounted pulls and reward sums per arm."""
+
+    full_information = False
 
     def __init__(self, arms: Sequence[str], config: SelectorConfig) -> None:
         if not arms:
@@ -176,6 +185,41 @@ class EXP3(_Counts):
         self.log_weights[arm] += self.config.exp3_gamma * reward / (self._last_probs[arm] * len(self.awake))
 
 
+class Hedge(EXP3):
+    """Full-information exponential weights, as HedgeSpec (arXiv 2510.20064) runs them over drafters:
+    each round every cheap (model-free) arm drafts, and its draft is scored on the tokens the target
+    verified (accepted / k, censored at the verified tokens), so all cheap arms learn from every
+    round at the cost of their drafting. An arm without a counterfactual draft (a neural drafter)
+    learns only when pulled, importance-weighted as in EXP3, so that its weight is unbiased too."""
+
+    reward_kind = "be"
+    full_information = True
+
+    def reset(self) -> None:
+        super().reset()
+        self.observed: set[str] = set()  # arms that observe() has scored: their weights move there
+
+    def update(self, arm: str, reward: float) -> None:
+        if arm not in self.observed:
+            super().update(arm, reward)
+            return
+        _Counts.update(self, arm, reward)  # counts and discounting; the weight moves in observe
+        for name in self.arms:
+            self.log_weights[name] *= self.config.discount
+
+    def observe(self, rewards: dict[str, float]) -> None:
+        for arm, reward in rewards.items():
+            self.observed.add(arm)
+            self.log_weights[arm] += self.config.exp3_gamma * reward
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "observed": sorted(self.observed)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.observed = set(state["observed"]) & set(self.arms)
+
+
 class Thompson(_Counts):
     """Thompson sampling with Beta(1 + rewards, 1 + pulls - rewards) posteriors (rewards in [0, 1])."""
 
@@ -285,6 +329,7 @@ SELECTORS: dict[str, Callable[[Sequence[str], SelectorConfig, str | None], Selec
     "ucb-be": lambda arms, config, arg: UCB(arms, config, reward_kind="be"),
     "ucb-speed": lambda arms, config, arg: UCB(arms, config, reward_kind="speed"),
     "exp3": lambda arms, config, arg: EXP3(arms, config),
+    "hedge": lambda arms, config, arg: Hedge(arms, config),
     "thompson": lambda arms, config, arg: Thompson(arms, config),
     "thompson-speed": lambda arms, config, arg: GaussianThompson(arms, config, reward_kind="speed"),
     "egreedy": lambda arms, config, arg: EpsilonGreedy(arms, config),
