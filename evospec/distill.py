@@ -43,7 +43,7 @@ from evospec.learning.buffer import packed, window_spans
 from evospec.learning.losses import LossConfig, drafter_loss
 from evospec.models.backend import LoadedModel
 from evospec.stats import SpecStats
-from evospec.target import FEEDBACK_TOP_K, top_next_tokens
+from evospec.target import FEEDBACK_TOP_K, full_pass
 
 CORPORA = {"gsm8k": "data/gsm8k/train.jsonl"}  # shipped corpora: name -> file in the package
 TEXT_FIELDS = ("question", "prompt", "text")  # a .jsonl row's prompt: the first of these it has
@@ -327,23 +327,10 @@ def _new_drafter(kind: str, target: LoadedModel, train: list[Sample], config: Di
     return new_white_box_drafter(kind, target, config=dataclasses.replace(shape, head_vocab=size), vocab=vocab)
 
 
-@torch.no_grad()
 def _target_pass(lm, ids: list[int], prompt_length: int, rows_per_pass: int) -> Sample:
-    """One pass of the target (fresh cache) over ids, in pieces of rows_per_pass -> what it says at each position.
-
-    Out of inference mode, so that what it returns are new tensors a drafter may train on (the
-    target's outputs are inference tensors, or views of llama.cpp's buffers).
-    """
-    lm.reset()
-    hidden, top_ids, top_probs = [], [], []
-    for start in range(0, len(ids), rows_per_pass):
-        piece = ids[start : start + rows_per_pass]
-        logits, states = lm.forward_with_hidden(piece, num_logits=len(piece))
-        ids_of_piece, probs_of_piece = top_next_tokens(logits, FEEDBACK_TOP_K)
-        hidden.append(states.to(torch.bfloat16, copy=True))
-        top_ids.append(ids_of_piece)
-        top_probs.append(probs_of_piece)
-    return Sample(torch.tensor(ids), torch.cat(hidden), torch.cat(top_ids), torch.cat(top_probs), prompt_length)
+    """One pass of the target over ids (full_pass) -> the sample, hidden states kept in bf16."""
+    hidden, top_ids, top_probs = full_pass(lm, ids, FEEDBACK_TOP_K, rows_per_pass)
+    return Sample(torch.tensor(ids), hidden.to(torch.bfloat16), top_ids, top_probs, prompt_length)
 
 
 class _TraceCache:

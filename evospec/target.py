@@ -32,6 +32,27 @@ def top_next_tokens(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
     return top.indices, (top.values - logits.logsumexp(dim=-1, keepdim=True)).exp()
 
 
+@torch.no_grad()
+def full_pass(
+    lm: LanguageModel, ids: Sequence[int], top_k: int, rows_per_pass: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One pass of lm (from an empty cache, left empty) over ids, rows_per_pass tokens a forward ->
+    what it says at every position: final hidden states [T, H] float32, the top_k next tokens [T, K]
+    and their probabilities [T, K]. New tensors (not views of a backend's buffers, not inference
+    tensors), so that a drafter may train on them."""
+    lm.reset()
+    hidden, top_ids, top_probs = [], [], []
+    for start in range(0, len(ids), rows_per_pass):
+        piece = ids[start : start + rows_per_pass]
+        logits, states = lm.forward_with_hidden(piece, num_logits=len(piece))
+        piece_ids, piece_probs = top_next_tokens(logits, top_k)
+        hidden.append(states.float().clone())
+        top_ids.append(piece_ids.clone())
+        top_probs.append(piece_probs.clone())
+    lm.reset()
+    return torch.cat(hidden), torch.cat(top_ids), torch.cat(top_probs)
+
+
 class LanguageModel(Protocol):
     """What the engine and the small-LM drafter need of a model, whatever runs it (hf or llama.cpp).
     Its outputs are CPU tensors wherever the model runs: the loop, verification, drafters and

@@ -29,7 +29,7 @@ from evospec.cost import ForwardCost
 from evospec.errors import EvospecError
 from evospec.files import save_tensors_atomically
 from evospec.models.backend import LoadedModel, TokenMatrices
-from evospec.target import FEEDBACK_TOP_K, LanguageModel, PromptPass, top_next_tokens
+from evospec.target import FEEDBACK_TOP_K, LanguageModel, PromptPass, full_pass
 
 ROWS_PER_PASS = 256  # tokens per forward when the real target recomputes a request's rows
 
@@ -129,7 +129,6 @@ class Recording:
             return None
         return Rows(tensors["top_ids"], tensors["top_probs"])
 
-    @torch.no_grad()
     def _target_pass(self, index: int, hidden: bool) -> Rows:
         """One pass of the real target (fresh cache) over prompt + answer, in pieces; the top-K is cached."""
         if self.real_target is None:
@@ -139,18 +138,10 @@ class Recording:
             )
         if self._real_lm is None:
             self._real_lm = self.real_target.new_lm(hidden_states=True)
-        lm, ids = self._real_lm, self.answers[index].tokens
-        lm.reset()
-        top_ids, top_probs, states = [], [], []
-        for start in range(0, len(ids), ROWS_PER_PASS):
-            piece = ids[start : start + ROWS_PER_PASS]
-            logits, piece_hidden = lm.forward_with_hidden(piece, num_logits=len(piece))
-            piece_ids, piece_probs = top_next_tokens(logits, FEEDBACK_TOP_K)
-            top_ids.append(piece_ids.clone())
-            top_probs.append(piece_probs.clone())
-            states.append(piece_hidden.float().clone() if hidden else None)
-        lm.reset()
-        rows = Rows(torch.cat(top_ids), torch.cat(top_probs), torch.cat(states) if hidden else None)
+        hidden_states, top_ids, top_probs = full_pass(
+            self._real_lm, self.answers[index].tokens, FEEDBACK_TOP_K, ROWS_PER_PASS
+        )
+        rows = Rows(top_ids, top_probs, hidden_states if hidden else None)
         path = self.rows_paths[index]
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
