@@ -124,12 +124,18 @@ def cost_profiles() -> dict[str, dict]:
     return tomllib.loads(resources.files("evospec").joinpath("data/cost_profiles.toml").read_text())
 
 
-def profile_cost(name: str, step_s: float, max_tokens: int) -> ForwardCost:
-    """A named profile's T(n) up to max_tokens, scaled so that T(1) = step_s (this machine's measured step)."""
+def cost_profile(name: str) -> dict:
+    """The named profile (source, sizes, ratios); an unknown name is a clear error."""
     profiles = cost_profiles()
     if name not in profiles:
         raise EvospecError(f"unknown cost profile {name!r}; choose {MEASURED} or one of {', '.join(profiles)}")
-    sizes, ratios = profiles[name]["sizes"], profiles[name]["ratios"]
+    return profiles[name]
+
+
+def profile_cost(name: str, step_s: float, max_tokens: int) -> ForwardCost:
+    """A named profile's T(n) up to max_tokens, scaled so that T(1) = step_s (this machine's measured step)."""
+    profile = cost_profile(name)
+    sizes, ratios = profile["sizes"], profile["ratios"]
     if max_tokens > sizes[-1]:
         raise EvospecError(f"cost profile {name} covers forwards of up to {sizes[-1]} tokens, not {max_tokens}")
     curve = range(1, max_tokens + 1)

@@ -97,10 +97,9 @@ class Engine:
         sampler = Sampler(config.sampling)
         context = list(prompt_ids)
         self.target.reset()
-        awake = [name for name, drafter in self.drafters.items() if drafter.begin(context, prediction)]
-        self._awake = awake
-        if awake:  # the drafters with something to draft from in this request; without any, plain decoding
-            self.selector.begin_request(awake)
+        self._awake = [name for name, drafter in self.drafters.items() if drafter.begin(context, prediction)]
+        if self._awake:  # the drafters with something to draft from in this request; without any, plain decoding
+            self.selector.begin_request(self._awake)
         try:
             passed, attempt = self._forward(context, stats, prefill=True), None  # the prefill drafts nothing
             stats.prompt_tokens += len(prompt_ids)
@@ -130,7 +129,7 @@ class Engine:
                     return
                 # 3. A selected drafter drafts no more than the budget, the window and the draft-length policy allow.
                 room = min(budget - 1, self.context_length - len(context))
-                attempt = self._draft(context, room, config, sampler) if awake else None
+                attempt = self._draft(context, room, config, sampler) if self._awake else None
                 # 4. One target pass over the pending token and the draft: p at every position.
                 passed = self._forward([context[-1], *(attempt.draft.tokens.tolist() if attempt else [])], stats)
         finally:

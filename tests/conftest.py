@@ -77,7 +77,7 @@ def sharp_target():
     model = tiny_model(seed=0)
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
-    tokenizer = word_tokenizer(["<unk>", "<eos>", *(f"w{i}" for i in range(TINY_VOCAB - 2))])
+    tokenizer = tiny_word_tokenizer()
     return BACKENDS["hf"].wrap("tiny-sharp", model, tokenizer, "tiny-sharp")
 
 
@@ -122,6 +122,11 @@ def reference_greedy(
     return output[0, len(prompt_ids) :].tolist()
 
 
+def tiny_word_tokenizer():
+    """The word tokenizer over TINY_VOCAB words that the tiny models' text fixtures use."""
+    return word_tokenizer(["<unk>", "<eos>", *(f"w{i}" for i in range(TINY_VOCAB - 2))])
+
+
 def word_tokenizer(words: list[str]):
     """A word-level tokenizer over words (ids in order); "<eos>" and "<unk>" must be among them."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -137,7 +142,7 @@ def foreign_tokenizer_model(tmp_path_factory) -> str:
     """A local model directory whose tokenizer is not any zoo model's (a tiny word-level one)."""
     directory = tmp_path_factory.mktemp("foreign")
     tiny_model(seed=5).save_pretrained(directory)
-    word_tokenizer(["<unk>", "<eos>", *(f"w{i}" for i in range(TINY_VOCAB - 2))]).save_pretrained(directory)
+    tiny_word_tokenizer().save_pretrained(directory)
     return str(directory)
 
 

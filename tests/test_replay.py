@@ -22,7 +22,7 @@ from evospec.models.replay import Answer, Recording, replayed
 from evospec.selection import build_selector
 from evospec.stats import SpecStats
 
-from conftest import TINY_VOCAB, adapted_lm, random_prompts, run_cli, tiny_model, white_box, word_tokenizer
+from conftest import TINY_VOCAB, adapted_lm, random_prompts, run_cli, tiny_model, tiny_word_tokenizer, white_box
 
 K = 8
 COST = ForwardCost(tuple(0.01 * (1 + 0.1 * n) for n in range(K + 1)))  # one profile, live and replayed
@@ -204,7 +204,7 @@ def sharp_model_dir(sharp_target, tmp_path: Path) -> Path:
     """The sharp tiny target saved as a model directory (loadable by name, as traces and replays load it)."""
     directory = tmp_path / "sharp"
     sharp_target.model.save_pretrained(directory)
-    word_tokenizer(["<unk>", "<eos>", *(f"w{i}" for i in range(TINY_VOCAB - 2))]).save_pretrained(directory)
+    tiny_word_tokenizer().save_pretrained(directory)
     return directory
 
 
@@ -277,6 +277,10 @@ def test_replay_command_writes_the_benchmark_shape(sharp_model_dir, tmp_path, ca
         (["--stream", "other"], "NAME one of tiny"),
         (["--profile", "tpu-v9"], "unknown cost profile"),
         (["--method", "llamacpp-plain"], "unknown bench method"),
+        (["--method", "evospec:ngram@every=often"], "is not a int"),
+        (["--method", "evospec:ngram@rate=2"], "LearnerConfig has no setting 'rate'"),
+        (["--block-size", "0"], "--block-size must be >= 1"),
+        (["--live", "--profile", "h100-bf16-roofline"], "--live takes no --profile"),
     ],
 )
 def test_bad_replay_options_are_clear_errors(sharp_model_dir, tmp_path, capsys, options, message):
@@ -287,6 +291,13 @@ def test_bad_replay_options_are_clear_errors(sharp_model_dir, tmp_path, capsys, 
     base = ["replay", "--traces", f"tiny={traces}", "--method", "evospec-plain", "--out", str(tmp_path / "o")]
     status, _, err = run_cli(capsys, *base, *options)
     assert status == 2 and message in err
+
+
+def test_collect_names_the_datasets_for_an_unknown_one(capsys, tmp_path):
+    status, _, err = run_cli(capsys, "traces", "collect", "--target", "x", "--data", "gsm9k", "--n", "1")
+    assert status == 2 and "gsm8k-train, gsm8k-test, humaneval, spec-bench[:CATEGORY]" in err
+    status, _, err = run_cli(capsys, "traces", "collect", "--target", "x", "--data", "spec-bench:poetry", "--n", "1")
+    assert status == 2 and "Spec-Bench has no category 'poetry'" in err
 
 
 def test_a_missing_trace_set_is_a_clear_error(tmp_path):

@@ -64,9 +64,9 @@ def dataset_prompts(data: str) -> list[str]:
 
 def default_directory(target: LoadedModel, data: str, max_new_tokens: int) -> Path:
     """Where a collection of this target's answers to data is kept unless --out says otherwise."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(data).stem if Path(data).suffix else data)
+    dataset = _slug(Path(data).stem if Path(data).suffix else data)
     weights = f"{target.backend.name}-{target.weights_format}"
-    return evospec_home() / "traces" / _slug(target.name) / weights / f"{slug}-{max_new_tokens}"
+    return evospec_home() / "traces" / _slug(target.name) / weights / f"{dataset}-{max_new_tokens}"
 
 
 def _slug(name: str) -> str:

@@ -171,13 +171,13 @@ class Recording:
         rows = self.rows_of(index, hidden=False)
         ids, probs = rows.top_ids[inside], rows.top_probs[inside]
         rest = (1.0 - probs.sum(dim=-1)).clamp_min(1e-12) / max(self.vocab_size - ids.shape[1], 1)
-        recorded = rest.log()[:, None].expand(-1, self.vocab_size).clone()
+        recorded = logits[: len(inside)]  # a view: the rows are written in place
+        recorded.copy_(rest.log()[:, None].expand_as(recorded))
         recorded.scatter_(1, ids, probs.log())
         below = ids[:, 0] != next_ids
         if bool(below.any()):  # the answer's token just above the recorded top-1
             self.reordered_rows += int(below.sum())
             recorded[rows_at[below], next_ids[below]] = recorded[below].max(dim=-1).values + 1e-4
-        logits[: len(inside)] = recorded
         return logits
 
     def hidden(self, index: int, positions: Sequence[int]) -> torch.Tensor:
