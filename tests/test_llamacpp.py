@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from evospec import engine as engine_module
+from evospec.bench.traces import collect_traces
 from evospec.config import GenerationConfig, LoadConfig
+from evospec.cost import ForwardCost
 from evospec.drafters import NgramDrafter, PredictionDrafter, SmallLMDrafter, SuffixDrafter
 from evospec.engine import Engine
 from evospec.generation import TextGenerator, build_engine, encode_prompt
 from evospec.models.backend import LoadedModel
 from evospec.models.loading import load_model
+from evospec.models.replay import Recording
 from evospec.rescore import greedy_gaps
 from evospec.stats import SpecStats
 from evospec.types import Verdict
@@ -218,3 +222,18 @@ def test_a_small_lm_drafter_on_llamacpp_is_lossless_with_early_stop(exact_smollm
     tokens.close()
     assert taken == plain[PROMPTS[2]][:6]
     assert target.length == len(prompt_ids) + len(taken) - 1
+
+
+def test_a_collection_keeps_each_positions_own_hidden_state(smollm, tmp_path):
+    """Rows written while decoding are each step's own (a backend's buffers are overwritten by the
+    next step): every row points where one pass of the target over prompt + answer points, within the
+    rounding of one-token steps against a long forward."""
+    data = tmp_path / "prompts.txt"
+    data.write_text("\n".join(PROMPTS[:2]) + "\n")
+    traces = collect_traces(smollm, str(data), 2, 16, tmp_path / "traces", progress=False)
+    recording = Recording(traces.answers, smollm.vocab_size, ForwardCost((0.01,) * 2), smollm)
+    for index, answer in enumerate(traces.answers):
+        kept = load_file(traces.rows_path(index))["hidden"]
+        made = recording.rows_of(index, hidden=True).hidden
+        assert kept.shape == made.shape == (len(answer.tokens), smollm.hidden_size)
+        assert torch.nn.functional.cosine_similarity(kept, made).min() > 0.98

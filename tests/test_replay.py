@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from evospec.bench.traces import collect_traces, load_traces
 from evospec.config import GenerationConfig
@@ -291,6 +292,24 @@ def test_bad_replay_options_are_clear_errors(sharp_model_dir, tmp_path, capsys, 
     base = ["replay", "--traces", f"tiny={traces}", "--method", "evospec-plain", "--out", str(tmp_path / "o")]
     status, _, err = run_cli(capsys, *base, *options)
     assert status == 2 and message in err
+
+
+def test_a_collection_keeps_the_rows_a_pass_of_the_target_makes(sharp_target, tmp_path):
+    """Rows written while decoding (top-K and hidden states at every position of prompt + answer) agree
+    with one pass of the target over the whole, within rounding; a replay reads them without the target."""
+    data = prompts_file(tmp_path / "prompts.txt", 3)
+    traces = collect_traces(sharp_target, str(data), 3, 12, tmp_path / "t", progress=False)
+    recording = Recording(traces.answers, sharp_target.vocab_size, COST, sharp_target)
+    for index, answer in enumerate(traces.answers):
+        kept = load_file(traces.rows_path(index))
+        made = recording.rows_of(index, hidden=True)
+        assert kept["top_ids"].shape[0] == kept["hidden"].shape[0] == len(answer.tokens)
+        assert torch.equal(kept["top_ids"], made.top_ids)
+        assert torch.allclose(kept["top_probs"], made.top_probs, atol=ROW_TOLERANCE)
+        assert torch.allclose(kept["hidden"], made.hidden, atol=ROW_TOLERANCE)
+    paths = [traces.rows_path(index) for index in range(3)]
+    offline = Recording(traces.answers, sharp_target.vocab_size, COST, real_target=None, rows_paths=paths)
+    assert torch.equal(offline.rows_of(1, hidden=True).hidden, load_file(paths[1])["hidden"])
 
 
 def test_collect_names_the_datasets_for_an_unknown_one(capsys, tmp_path):

@@ -98,9 +98,7 @@ def run_replay(settings: ReplaySettings) -> dict:
 
     answers = list(dict.fromkeys(answer for _, answer in stream))
     rows_paths = {
-        answer: traces.rows_dir / f"{index:06d}.safetensors"
-        for traces in sets.values()
-        for index, answer in enumerate(traces.answers)
+        answer: traces.rows_path(index) for traces in sets.values() for index, answer in enumerate(traces.answers)
     }
     recording = Recording(answers, target.vocab_size, cost, target, [rows_paths[answer] for answer in answers])
     draft_model = load_model(settings.draft_model, backend, load) if settings.draft_model else None

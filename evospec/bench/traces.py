@@ -6,8 +6,9 @@ in a directory (by default $EVOSPEC_HOME/traces/<target>/<backend>-<weights>/<da
                  answered, so an interrupted collection resumes where it stopped (also read gzipped:
                  answers.jsonl.gz, the form committed under benchmarks/)
   meta.json      the target, its backend and weights, the dataset, the answer length, the CPU
-  rows/          the target's top-K at every position of each answer, made by the replay when a
-                 learner reads them (one pass over prompt + answer), NNNNNN.safetensors
+  rows/          what the target said at every position of each answer, NNNNNN.safetensors: its
+                 top-K next tokens and final hidden states, written as the answer is decoded (the
+                 replay makes the missing ones by one pass over prompt + answer)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 
 from evospec.bench.workloads import humaneval_problems, spec_bench
@@ -29,8 +31,10 @@ from evospec.files import evospec_home, write_atomically
 from evospec.generation import build_engine, encode_prompt
 from evospec.machine import cpu_description
 from evospec.models.backend import LoadedModel
-from evospec.models.replay import Answer
+from evospec.models.replay import Answer, Rows, save_rows
 from evospec.stats import SpecStats
+from evospec.target import FEEDBACK_TOP_K, LanguageModel, top_next_tokens
+from evospec.types import RoundFeedback
 
 TRACES_FORMAT = "evospec-answers-1"
 SHIPPED = {
@@ -81,9 +85,41 @@ class TraceSet:
     meta: dict
     answers: list[Answer]
 
-    @property
-    def rows_dir(self) -> Path:
-        return self.directory / "rows"
+    def rows_path(self, index: int) -> Path:
+        """Where answer `index`'s rows are cached."""
+        return rows_path(self.directory, index)
+
+
+def rows_path(directory: Path, index: int) -> Path:
+    """Where the rows of answer `index` of the trace set in directory are cached."""
+    return directory / "rows" / f"{index:06d}.safetensors"
+
+
+class RowsRecorder:
+    """What every pass of plain decoding says about the tokens it verifies (top-K, hidden states), kept
+    as a collection's rows: the engine tells it each pass as it tells a learner, so the rows cost no
+    pass beyond the answer's own. prompt_rows: at least the longest prompt (all its rows are kept)."""
+
+    needs_hidden_states = True
+
+    def __init__(self, prompt_rows: int) -> None:
+        self.prompt_rows = prompt_rows
+        self._parts: list[Rows] = []
+
+    def observe(self, feedback: RoundFeedback) -> None:
+        # A pass's hidden states may view the backend's buffers, which the next pass overwrites.
+        self._parts.append(Rows(feedback.top_ids, feedback.top_probs, feedback.hidden.clone()))
+
+    def end_request(self) -> None:
+        """Nothing to learn: the rows wait for take()."""
+
+    def take(self, target: LanguageModel, last_token: int) -> Rows:
+        """The request's rows, in context order. Its last token is emitted without a pass over it, so one
+        more step of target (the engine's, holding every token but that one) says what follows it."""
+        logits, hidden = target.forward_with_hidden([last_token], num_logits=1)
+        parts, self._parts = [*self._parts, Rows(*top_next_tokens(logits, FEEDBACK_TOP_K), hidden.clone())], []
+        fields = ("top_ids", "top_probs", "hidden")
+        return Rows(*(torch.cat([getattr(part, field) for part in parts]) for field in fields))
 
 
 def load_traces(directory: Path) -> TraceSet:
@@ -151,7 +187,8 @@ def collect_traces(
     }
     done = _resumable(directory, meta)
     chat = bool(target.tokenizer.chat_template)
-    engine = build_engine(target, [])
+    recorder = RowsRecorder(prompt_rows=target.context_length)
+    engine = build_engine(target, [], learners=[recorder])
     config = GenerationConfig(max_new_tokens=max_new_tokens)
     directory.mkdir(parents=True, exist_ok=True)
     write_atomically(directory / "meta.json", json.dumps({**meta, "cpu": done.meta.get("cpu", meta["cpu"])}))
@@ -168,6 +205,7 @@ def collect_traces(
                 )
             answer_ids = list(engine.generate(prompt_ids, config, SpecStats()))
             answers.append(Answer(tuple(prompt_ids), tuple(answer_ids)))
+            save_rows(recorder.take(engine.target, answer_ids[-1]), rows_path(directory, index))
             file.write(_line(index, answers[-1]))
             file.flush()
             bar.update()

@@ -8,8 +8,8 @@ make every round's draft, verdict, reward, learning step and selector pull that 
 
 Each pass is charged the seconds of a cost profile on a clock that the engine reads (the real
 seconds the replay spends building the pass are left out). The rows a learner reads (top-K and
-hidden states) come from one pass of the real target over prompt + answer, made when asked for:
-the top-K are cached on disk beside the answers, the hidden states kept for the current request only.
+hidden states) are cached on disk beside the answers: a collection writes them as it decodes, and
+where they are missing, one pass of the real target over prompt + answer makes them when asked for.
 """
 
 from __future__ import annotations
@@ -54,6 +54,15 @@ class Rows:
     top_ids: torch.Tensor  # [T, K] int64
     top_probs: torch.Tensor  # [T, K] float32
     hidden: torch.Tensor | None = None  # [T, H] float32
+
+
+def save_rows(rows: Rows, path: Path) -> None:
+    """Cache an answer's rows (hidden states included, when they are there) at path, atomically."""
+    tensors = {"top_ids": rows.top_ids, "top_probs": rows.top_probs}
+    if rows.hidden is not None:
+        tensors["hidden"] = rows.hidden
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_tensors_atomically(tensors, path, {})
 
 
 class ReplayClock:
@@ -111,13 +120,14 @@ class Recording:
         """The rows of answer `index`: from the cache, or one pass of the real target."""
         if self._current is not None and self._current[0] == index and (self._current[1] or not hidden):
             return self._current[2]
-        rows = None if hidden else self._cached_rows(index)
+        rows = self._cached_rows(index, hidden)
         if rows is None:
             rows = self._target_pass(index, hidden)
         self._current = (index, hidden, rows)
         return rows
 
-    def _cached_rows(self, index: int) -> Rows | None:
+    def _cached_rows(self, index: int, hidden: bool) -> Rows | None:
+        """The rows cached for answer `index` (None if missing, damaged, or without the hidden states asked for)."""
         path = self.rows_paths[index]
         if path is None or not path.is_file():
             return None
@@ -125,12 +135,12 @@ class Recording:
             tensors = load_file(path)
         except (SafetensorError, OSError):
             return None
-        if tensors["top_ids"].shape[0] != len(self.answers[index].tokens):
+        if tensors["top_ids"].shape[0] != len(self.answers[index].tokens) or (hidden and "hidden" not in tensors):
             return None
-        return Rows(tensors["top_ids"], tensors["top_probs"])
+        return Rows(tensors["top_ids"], tensors["top_probs"], tensors.get("hidden") if hidden else None)
 
     def _target_pass(self, index: int, hidden: bool) -> Rows:
-        """One pass of the real target (fresh cache) over prompt + answer, in pieces; the top-K is cached."""
+        """One pass of the real target (fresh cache) over prompt + answer, in pieces; its rows are cached."""
         if self.real_target is None:
             raise EvospecError(
                 "this replay needs the target's rows (a learner or a white-box drafter reads them) "
@@ -141,12 +151,10 @@ class Recording:
         hidden_states, top_ids, top_probs = full_pass(
             self._real_lm, self.answers[index].tokens, FEEDBACK_TOP_K, ROWS_PER_PASS
         )
-        rows = Rows(top_ids, top_probs, hidden_states if hidden else None)
-        path = self.rows_paths[index]
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            save_tensors_atomically({"top_ids": rows.top_ids, "top_probs": rows.top_probs}, path, {})
-        return rows
+        rows = Rows(top_ids, top_probs, hidden_states)
+        if self.rows_paths[index] is not None:
+            save_rows(rows, self.rows_paths[index])
+        return rows if hidden else Rows(top_ids, top_probs)
 
     def logits(self, index: int, positions: Sequence[int]) -> torch.Tensor:
         """Logits [n, V] at these context positions of answer `index`, whose argmax is the answer's next token.
