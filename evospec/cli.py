@@ -104,6 +104,8 @@ def _add_learning_options(group) -> None:
         group,
         ("--learn-every", LEARNING.every, "rounds (or requests, by the schedule) between learning steps"),
         ("--buffer-rows", LEARNING.buffer_rows, "feedback rows kept for learning"),
+        ("--learn-epochs", LEARNING.epochs, "passes a scheduled update makes over the rows new since the last"),
+        ("--replay-rows", LEARNING.replay_rows, "older rows each scheduled update learns again"),
         (
             "--learn-prompt-rows",
             LEARNING.prompt_rows,
@@ -126,6 +128,8 @@ def _learner_config(args: argparse.Namespace) -> LearnerConfig:
         every=args.learn_every,
         buffer_rows=args.buffer_rows,
         batch_rows=max(2, batch_rows),
+        epochs=args.learn_epochs,
+        replay_rows=args.replay_rows,
         prompt_rows=args.learn_prompt_rows,
     )
 
@@ -156,25 +160,22 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
 
     def load() -> TextGenerator:
         from evospec.drafters.registry import build_drafter
-        from evospec.generation import TextGenerator, build_engine, timing
-        from evospec.learning import build_learner
+        from evospec.generation import TextGenerator, build_engine_from_names
         from evospec.models.loading import load_model
-        from evospec.selection import DEFAULT_SELECTOR, build_selector
 
         load = _load_config(args)
         target = load_model(args.target, args.backend, load)
         drafters = [drafter for spec in specs if (drafter := build_drafter(spec, target, load))]
-        names = [drafter.name for drafter in drafters]
-        selector = build_selector(args.selector or DEFAULT_SELECTOR, names) if len(drafters) > 1 else None
-        cost, draft_length = timing(target, config.num_speculative_tokens, args.adaptive_k, selector)
-        learners = []
-        if args.learner != NO_LEARNER:
-            learners = [build_learner(args.learner, d, learner_config) for d in drafters if d.learnable]
-            if not learners:
-                raise EvospecError(
-                    f"--learner {args.learner} trains eagle, hydra or lora:MODEL drafters; none was given"
-                )
-        return TextGenerator(target, build_engine(target, drafters, draft_length, selector, learners, cost))
+        engine = build_engine_from_names(
+            target,
+            drafters,
+            args.selector,
+            args.learner,
+            learner_config,
+            config.num_speculative_tokens,
+            args.adaptive_k,
+        )
+        return TextGenerator(target, engine)
 
     return load
 

@@ -190,6 +190,24 @@ def test_prompt_steps_come_before_scheduled_ones_and_end_with_their_request(shar
     assert drafter.version == 5 and learner.stats.steps == 5  # the scheduled step, at last
 
 
+@pytest.mark.parametrize(("epochs", "replay_rows", "steps"), [(1, 0, 4), (3, 0, 12), (1, 32, 7)])
+def test_a_chunk_update_learns_every_row_of_the_chunk(sharp_target, epochs, replay_rows, steps):
+    """After `every` requests, every row they added (and replay_rows before them), a batch a step,
+    `epochs` times; not just the newest batch."""
+    drafter = white_box("eagle", sharp_target)
+    config = LearnerConfig(schedule="chunk", every=2, batch_rows=16, epochs=epochs, replay_rows=replay_rows)
+    learner = build_learner("ogd", drafter, config)
+    for request in range(4):  # two chunks of 2 requests, each request one trace of 30 rows
+        learner.observe(feedback(request=request, position=0, rows=30))
+        learner.end_request()
+        if request == 1:
+            first_chunk = learner.stats.steps
+    # A chunk: 2 traces of 30 rows, each 2 windows of at most 16 rows (sharing a row): 4 steps. The
+    # 32 replayed rows are the first chunk's last ones: request 1's 2 windows and 2 rows of request 0.
+    assert first_chunk == 4 * epochs
+    assert learner.stats.steps - first_chunk == steps
+
+
 def test_the_buffer_stays_bounded_on_an_endless_stream():
     buffer = FeedbackBuffer(capacity=100)
     for round_ in range(1000):

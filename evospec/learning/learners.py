@@ -37,7 +37,9 @@ class LearnerConfig:
     schedule: str = "rounds"  # rounds: every `every` rounds; request: after each request; chunk: after `every` requests
     every: int = 24  # a step costs a few target steps on a CPU: learn from the new rows, not every round
     buffer_rows: int = 4096  # feedback rows kept; the oldest go first
-    batch_rows: int = 64  # a step learns from the newest rows
+    batch_rows: int = 64  # rows a step learns from; a scheduled update learns every new row, at least a batch
+    epochs: int = 1  # passes a scheduled update makes over its rows (a chunk's data, as OnlineSPEC trains it)
+    replay_rows: int = 0  # older rows each scheduled update learns again, against forgetting them
     prompt_rows: int = (
         1024  # white-box drafters: learn from the prompt's last rows while answering it, a step a round (0: never)
     )
@@ -61,6 +63,8 @@ class LearnerConfig:
             raise EvospecError(f"learn-every must be >= 1, got {self.every}")
         if self.buffer_rows < 2 or not 2 <= self.batch_rows <= self.buffer_rows:
             raise EvospecError(f"need 2 <= batch rows ({self.batch_rows}) <= buffer rows ({self.buffer_rows})")
+        if self.epochs < 1 or self.replay_rows < 0:
+            raise EvospecError(f"need epochs >= 1 and replay rows >= 0, got {self.epochs} and {self.replay_rows}")
         if self.prompt_rows < 0:
             raise EvospecError(f"prompt rows must be >= 0, got {self.prompt_rows}")
         if self.optimistic_form not in ("hint", "momentum"):
@@ -140,6 +144,7 @@ class OnlineLearner:
         self.guard = _Guard(config)
         self._rounds = 0
         self._requests = 0
+        self._learned_rows = 0  # the buffer's rows_added at the last scheduled update
         self._prompt_steps: deque[list[Trace]] = deque()  # batches of the current request's prompt still to learn
 
     @property
@@ -192,14 +197,22 @@ class OnlineLearner:
         """A chunk of learning ended (the ensemble may restart its copies)."""
 
     def learn(self) -> None:
-        """One step on the newest rows of the buffer, unless the guard rolls the drafter back instead."""
+        """A scheduled update, unless the guard rolls the drafter back instead: steps over the rows
+        added since the last one (at least a batch of the newest) and replay_rows before them, in
+        batches of batch_rows, `epochs` times (in a new order after the first)."""
         self._rounds = 0
         start = time.perf_counter()
+        new_rows, self._learned_rows = self.buffer.rows_added - self._learned_rows, self.buffer.rows_added
         if self.guard.check(self.drafter.module):
             self.stats.rollbacks += 1
             self.reset_optimizer()
         else:
-            self._steps(self.buffer.recent(self.config.batch_rows))
+            rows = max(self.config.batch_rows, new_rows) + self.config.replay_rows
+            batches = _batches(self.buffer.recent(rows), self.config.batch_rows)
+            order = torch.Generator().manual_seed(self.stats.steps)
+            for epoch in range(self.config.epochs):
+                for index in range(len(batches)) if epoch == 0 else torch.randperm(len(batches), generator=order):
+                    self._step(batches[index])
         self.stats.learn_s += time.perf_counter() - start
 
     def _learn_prompt(self) -> None:
@@ -207,11 +220,6 @@ class OnlineLearner:
         start = time.perf_counter()
         self._step(self._prompt_steps.popleft())
         self.stats.learn_s += time.perf_counter() - start
-
-    def _steps(self, traces: list[Trace]) -> None:
-        """Steps on traces, batch_rows rows a step."""
-        for batch in _batches(traces, self.config.batch_rows):
-            self._step(batch)
 
     def _step(self, batch: list[Trace]) -> None:
         loss = self.update(lambda module: self.loss(module, batch))
