@@ -12,9 +12,9 @@ from evospec.drafters import Drafter
 from evospec.drafters.prediction import PREDICTION
 from evospec.engine import Engine, reads_hidden_states
 from evospec.errors import EvospecError
-from evospec.learning import OnlineLearner
+from evospec.learning import LEARNERS, NO_LEARNER, LearnerConfig, OnlineLearner, build_learner
 from evospec.models.backend import LoadedModel
-from evospec.selection import Selector
+from evospec.selection import DEFAULT_SELECTOR, Selector, build_selector
 from evospec.stats import SpecStats
 
 # Text, or chat messages ({"role": ..., "content": ...}) in order.
@@ -42,6 +42,33 @@ def build_engine(
         forward_cost,
         clock=target.clock,
     )
+
+
+def build_engine_from_names(
+    target: LoadedModel,
+    drafters: Sequence[Drafter],
+    selector: str | None,
+    learner: str,
+    learning: LearnerConfig,
+    max_k: int,
+    adaptive_k: bool,
+) -> Engine:
+    """build_engine with the selector and learner named as --selector and --learner name them: the
+    selector (default DEFAULT_SELECTOR) picks among several drafters, the learner trains every learnable
+    drafter, and the draft length adapts (at most max_k) when adaptive_k."""
+    if selector and len(drafters) < 2:
+        raise EvospecError(f"selector {selector!r} picks among several drafters, and there are {len(drafters)}")
+    if learner != NO_LEARNER and learner not in LEARNERS:
+        raise EvospecError(f"unknown learner {learner!r}; choose one of {NO_LEARNER}, {', '.join(LEARNERS)}")
+    names = [drafter.name for drafter in drafters]
+    chosen = build_selector(selector or DEFAULT_SELECTOR, names) if len(drafters) > 1 else None
+    cost, draft_length = timing(target, max_k, adaptive_k, chosen)
+    learners = []
+    if learner != NO_LEARNER:
+        learners = [build_learner(learner, drafter, learning) for drafter in drafters if drafter.learnable]
+        if not learners:
+            raise EvospecError(f"learner {learner!r} trains eagle, hydra or lora:MODEL drafters; none was given")
+    return build_engine(target, drafters, draft_length, chosen, learners, cost)
 
 
 def timing(

@@ -29,7 +29,7 @@ LAYERS = [
     ("drafters", "learning", "selection", "draft_length"),
     ("engine",),
     ("generation",),
-    ("bench", "serve", "distill"),
+    ("bench", "serve", "distill", "hf"),
     ("cli",),
 ]
 LAYER_OF = {part: index for index, parts in enumerate(LAYERS) for part in parts}

@@ -43,6 +43,12 @@ def _small_lm_model(arg: str | None, target: LoadedModel, load: LoadConfig, back
         raise EvospecError("a small-LM drafter needs a model: lm:ALIAS (or lora:ALIAS), a path or an HF id")
     dtype = load.dtype if load.dtype in backend.dtypes else None
     drafter_model = load_model(arg, backend.name, LoadConfig(dtype=dtype))
+    check_shared_vocabulary(drafter_model, target)
+    return drafter_model
+
+
+def check_shared_vocabulary(drafter_model: LoadedModel, target: LoadedModel) -> None:
+    """A small-LM drafter must share the target's tokenizer and width of logits; a clear error if not."""
     if not same_tokenizer(drafter_model.tokenizer, target.tokenizer):
         raise EvospecError(
             f"drafter '{drafter_model.name}' uses another tokenizer than target '{target.name}'; "
@@ -53,7 +59,6 @@ def _small_lm_model(arg: str | None, target: LoadedModel, load: LoadConfig, back
             f"drafter '{drafter_model.name}' has {drafter_model.vocab_size} output logits, "
             f"target '{target.name}' has {target.vocab_size}"
         )
-    return drafter_model
 
 
 def _build_small_lm(arg: str | None, target: LoadedModel, load: LoadConfig) -> Drafter:

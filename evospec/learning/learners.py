@@ -221,6 +221,7 @@ class OnlineLearner:
         self._step(self._prompt_steps.popleft())
         self.stats.learn_s += time.perf_counter() - start
 
+    @torch.enable_grad()  # whatever mode the caller runs in: transformers' generate() runs under no_grad
     def _step(self, batch: list[Trace]) -> None:
         loss = self.update(lambda module: self.loss(module, batch))
         if loss is None:
