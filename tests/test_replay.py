@@ -55,6 +55,10 @@ def engines(target: LoadedModel, real: LoadedModel) -> dict:
         built[f"select:{selector}"] = build_engine(
             target, arms, selector=build_selector(selector, [a.name for a in arms])
         )
+    (drafter,), learners = eagle("ogd")  # an arm that evolves while the selector picks
+    arms = [drafter, NgramDrafter(), SuffixDrafter()]
+    selector = build_selector("ucb-be", [a.name for a in arms])
+    built["select:ucb-be+ogd"] = build_engine(target, arms, selector=selector, learners=learners)
     return built
 
 

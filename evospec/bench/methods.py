@@ -3,7 +3,8 @@
 Method names follow the project's benchmark convention: hf-plain, hf-assisted:<drafter> (hf backend),
 llamacpp-plain, llamacpp-lookup (llama.cpp backend), evospec-plain, evospec:<drafter>,
 select:<selector> (either), evospec:<kind> and evospec:<kind>+<learner> for a white-box drafter
-(eagle or hydra, from one checkpoint) frozen or learning; a /k=auto suffix marks the adaptive draft length.
+(eagle or hydra, from one checkpoint) frozen or learning, select:<selector>+<learner> with that
+drafter among the arms, learning; a /k=auto suffix marks the adaptive draft length.
 """
 
 from __future__ import annotations
@@ -171,7 +172,8 @@ def build_methods(
     predictions: bool = False,
 ) -> list[BenchMethod]:
     """Methods by name: evospec:<drafter> (draft_model, ngram, suffix or prediction), select:<selector>
-    over all of them (the small LM only when draft_model is given, the prediction drafter only when
+    over all of them (the small LM only when draft_model is given, the white-box checkpoint's drafter
+    when there is one, learning with select:<selector>+<learner>, the prediction drafter only when
     the prompts carry predictions), the white-box checkpoint's drafter frozen and with each learner
     (each method its own copy), and the baselines of the target's backend."""
 
@@ -180,7 +182,7 @@ def build_methods(
     ) -> Engine:
         arms = build_selector(selector, [d.name for d in drafters]) if selector else None
         cost, draft_length = timing(target, num_speculative_tokens, adaptive, arms)
-        learners = [build_learner(learner, drafters[0], learning)] if learner else []
+        learners = [build_learner(learner, d, learning) for d in drafters if learner and d.learnable]
         return build_engine(target, drafters, draft_length, arms, learners, cost)
 
     def small_lm() -> list[Drafter]:
@@ -188,6 +190,9 @@ def build_methods(
 
     def model_free_arms() -> list[Drafter]:
         return [make() for name, make in MODEL_FREE.items() if predictions or name != "prediction"]
+
+    def white_box_arm() -> list[Drafter]:
+        return [new_white_box_drafter(checkpoint_kind(white_box), target, white_box)] if white_box else []
 
     builders = {"evospec-plain": lambda: EvospecMethod("evospec-plain", engine([]))}
     for drafter, make in MODEL_FREE.items():
@@ -197,11 +202,21 @@ def build_methods(
                 name, engine([make()], adaptive)
             )
     for selector in SELECTORS:
-        for suffix in ("", ADAPTIVE) if selector != "fixed" else ():
-            name = f"select:{selector}{suffix}"
-            builders[name] = lambda name=name, selector=selector, adaptive=bool(suffix): EvospecMethod(
-                name, engine([*small_lm(), *model_free_arms()], adaptive, selector=selector)
-            )
+        # +<learner>: the white-box arm learns while the selector picks among arms (MetaSD over drafters that evolve)
+        for learner in (None, *(LEARNERS if white_box else ())):
+            for suffix in ("", ADAPTIVE) if selector != "fixed" else ():
+                name = f"select:{selector}{'+' + learner if learner else ''}{suffix}"
+                builders[name] = lambda name=name, selector=selector, learner=learner, adaptive=bool(suffix): (
+                    EvospecMethod(
+                        name,
+                        engine(
+                            [*white_box_arm(), *small_lm(), *model_free_arms()],
+                            adaptive,
+                            selector=selector,
+                            learner=learner,
+                        ),
+                    )
+                )
     if white_box is not None:
         kind = checkpoint_kind(white_box)
         for learner in (None, *LEARNERS):
