@@ -1,4 +1,5 @@
-"""The OpenAI-compatible app: routes, API key, limits and errors, in front of one Worker.
+"""The OpenAI-compatible app: routes, API key, limits and errors, in front of the engines that generate:
+one Worker in this process (create_app), or engine replicas (evospec.serve.cluster, through api_app).
 
 Routes: POST /v1/completions and /v1/chat/completions (JSON, or SSE with `stream`), GET /v1/models,
 /health (200 once the model is loaded, 503 before) and /metrics (Prometheus text).
@@ -16,19 +17,20 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client.metrics_core import Metric
 from starlette.exceptions import HTTPException
 
 from evospec.config import GenerationConfig, SamplingConfig
 from evospec.errors import EvospecError
-from evospec.generation import Prompt, TextStream
+from evospec.generation import Prompt
 from evospec.serve.config import ServerConfig
-from evospec.serve.metrics import Metrics
+from evospec.serve.metrics import LearningMetrics, Metrics, exposition, request_errors
 from evospec.serve.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -36,9 +38,8 @@ from evospec.serve.protocol import (
     Reply,
     as_api_error,
     parse_request,
-    usage,
 )
-from evospec.serve.worker import Job, Served, Worker
+from evospec.serve.worker import DurableState, Job, Served, Worker
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,56 @@ class ClientLeft(Exception):
     """The client disconnected before its answer was ready."""
 
 
+class Engines(Protocol):
+    """Where the app's jobs run: a Worker of this process, or engine replicas."""
+
+    def start(self) -> None:
+        """The app starts listening."""
+
+    async def stop(self) -> None:
+        """The app stops: finish what was submitted."""
+
+    async def status(self) -> str:
+        """ok (serving), loading or failed (to load): what /health says."""
+
+    def submit(self, job: Job) -> None:
+        """Run the job, answering on its events; raises an APIError when it cannot take it."""
+
+    async def metric_families(self) -> list[Metric]:
+        """Their metrics, collected."""
+
+
+class LocalEngine:
+    """The Worker of this process as the app's Engines, its metrics in registry."""
+
+    def __init__(self, worker: Worker, registry: CollectorRegistry) -> None:
+        self.worker = worker
+        self.registry = registry
+
+    def start(self) -> None:
+        self.worker.start()
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.worker.stop)
+
+    async def status(self) -> str:
+        return self.worker.status
+
+    def submit(self, job: Job) -> None:
+        self.worker.submit(job)
+
+    async def metric_families(self) -> list[Metric]:
+        return list(self.registry.collect())
+
+
+def check_defaults(config: ServerConfig, defaults: GenerationConfig) -> None:
+    """Raise if the defaults ask for more than the server's limits allow."""
+    if defaults.max_new_tokens > config.max_tokens_limit:
+        raise EvospecError(
+            f"max-new-tokens ({defaults.max_new_tokens}) exceeds max-tokens-limit ({config.max_tokens_limit})"
+        )
+
+
 def create_app(
     config: ServerConfig,
     model_name: str,
@@ -57,26 +108,31 @@ def create_app(
     on_load_error: Callable[[BaseException], None] = lambda error: None,
 ) -> FastAPI:
     """An app serving what `load` returns (called on the worker thread once the app starts) as model
-    `model_name`. defaults: the draft length, and max_new_tokens for requests without max_tokens."""
-    if defaults.max_new_tokens > config.max_tokens_limit:
-        raise EvospecError(
-            f"max-new-tokens ({defaults.max_new_tokens}) exceeds max-tokens-limit ({config.max_tokens_limit})"
-        )
-    metrics = Metrics()
-    worker = Worker(load, config, metrics, on_load_error)
+    `model_name`, its learned state kept as config says. defaults: the draft length, and max_new_tokens
+    for requests without max_tokens."""
+    registry = CollectorRegistry()
+    worker = Worker(load, config, Metrics(registry), DurableState(config, LearningMetrics(registry)), on_load_error)
+    return api_app(config, model_name, LocalEngine(worker, registry), defaults)
+
+
+def api_app(config: ServerConfig, model_name: str, engines: Engines, defaults: GenerationConfig) -> FastAPI:
+    """The OpenAI-compatible app in front of engines, as model `model_name` (defaults: as create_app's)."""
+    check_defaults(config, defaults)
+    registry = CollectorRegistry()
+    errors = request_errors(registry)
     started = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        worker.start()
+        engines.start()
         yield
-        await asyncio.to_thread(worker.stop)
+        await engines.stop()
 
     app = FastAPI(title="evospec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
     def answer_error(request: Request, error: Exception) -> JSONResponse:
         answer = as_api_error(error)
-        metrics.errors.labels(str(answer.status)).inc()
+        errors.labels(str(answer.status)).inc()
         return answer.response()
 
     def answer_http_error(request: Request, error: HTTPException) -> JSONResponse:  # 404, 405 from routing
@@ -97,14 +153,13 @@ def create_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if worker.ready.is_set():
-            return JSONResponse({"status": "ok"})
-        status = "failed" if worker.load_error else "loading"
-        return JSONResponse({"status": status}, status_code=503)
+        status = await engines.status()
+        return JSONResponse({"status": status}, status_code=200 if status == "ok" else 503)
 
     @api.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+        families = [*registry.collect(), *await engines.metric_families()]
+        return Response(exposition(families), media_type=CONTENT_TYPE_LATEST)
 
     @api.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -131,12 +186,9 @@ def create_app(
                 param="model",
                 code="model_not_found",
             )
-        if not worker.ready.is_set():
-            state = "failed to load" if worker.load_error else "is still loading"
-            raise APIError(503, f"the model {state}", kind="server_error", code="model_not_ready")
         prediction = body.prediction.text() if body.prediction else None
         job = Job(prompt, chat, generation_config(body), prediction, asyncio.get_running_loop())
-        worker.submit(job)
+        engines.submit(job)
         reply = Reply(chat, model_name)
         try:
             kind, value = await next_event(job, request)
@@ -152,14 +204,14 @@ def create_app(
             while kind == "piece":
                 kind, value = await next_event(job, request)
         except ClientLeft:
-            job.cancelled.set()
+            job.cancel()
             return Response(status_code=499)  # nobody reads it; nginx's code for "client closed request"
         except BaseException:
-            job.cancelled.set()
+            job.cancel()
             raise
         if kind == "error":
             raise value
-        return JSONResponse(reply.full(value.text, value.finish_reason, usage_of(value)))
+        return JSONResponse(reply.full(value.text, value.finish_reason, value.usage))
 
     def generation_config(body: CompletionRequest | ChatCompletionRequest) -> GenerationConfig:
         max_tokens = body.requested_max_tokens() or defaults.max_new_tokens
@@ -216,18 +268,14 @@ async def sse(job: Job, first: tuple[str, Any], reply: Reply, include_usage: boo
         else:
             yield _event(reply.chunk(None, value.finish_reason, first=opening))
             if include_usage:
-                yield _event(reply.usage_chunk(usage_of(value)))
+                yield _event(reply.usage_chunk(value.usage))
         yield "data: [DONE]\n\n"
     finally:
-        job.cancelled.set()
+        job.cancel()
 
 
 def _event(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data)}\n\n"
-
-
-def usage_of(stream: TextStream) -> dict[str, Any]:
-    return usage(len(stream.prompt_ids), len(stream.token_ids), stream.stats)
 
 
 def serve(config: ServerConfig, model_name: str, load: Callable[[], Served], defaults: GenerationConfig) -> None:
@@ -241,11 +289,16 @@ def serve(config: ServerConfig, model_name: str, load: Callable[[], Served], def
 
     app = create_app(config, model_name, load, defaults, on_load_error=stop_on)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="info"))
-    if not config.api_key and not _is_loopback(config.host):
-        log.warning("listening on %s without --api-key: anyone who can reach it can use it", config.host)
+    warn_if_open(config)
     server.run()
     if failures:
         raise failures[0]
+
+
+def warn_if_open(config: ServerConfig) -> None:
+    """Log a warning when anyone who can reach the server can use it."""
+    if not config.api_key and not _is_loopback(config.host):
+        log.warning("listening on %s without --api-key: anyone who can reach it can use it", config.host)
 
 
 def _is_loopback(host: str) -> bool:

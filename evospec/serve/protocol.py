@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi.responses import JSONResponse
@@ -25,15 +26,21 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         kind: str = "invalid_request_error",
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.retry_after_s = retry_after_s  # answered as the Retry-After header: the request may be sent again
+
+    def __reduce__(self):  # pickled whole (a replica's answer crosses processes): its fields, not just the message
+        return type(self), (self.status, self.message), self.__dict__
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        headers = {"Retry-After": str(self.retry_after_s)} if self.retry_after_s is not None else None
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
 def as_api_error(error: Exception) -> APIError:
@@ -130,8 +137,11 @@ def parse_request(kind: type[Request], body: bytes) -> Request:
         raise APIError(400, message, param=where[0] or None) from None
 
 
-def usage(prompt_tokens: int, completion_tokens: int, stats: SpecStats) -> dict[str, Any]:
-    """OpenAI's token counts, and the request's speculative-decoding counters under `spec_decode`.
+def usage(
+    prompt_tokens: int, completion_tokens: int, stats: SpecStats, drafter_versions: Mapping[str, int]
+) -> dict[str, Any]:
+    """OpenAI's token counts, the request's speculative-decoding counters under `spec_decode`, and the
+    version of each learning drafter when the request ended under `drafter_versions`.
 
     Of the prediction's tokens, accepted ones were drafted and accepted; rejected ones were drafted,
     verified and rejected (the target's work the prediction cost)."""
@@ -145,6 +155,7 @@ def usage(prompt_tokens: int, completion_tokens: int, stats: SpecStats) -> dict[
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens_details": details,
         "spec_decode": stats.to_dict(),
+        "drafter_versions": dict(drafter_versions),
     }
 
 
