@@ -3,7 +3,7 @@ detokenization and stop strings."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from evospec.config import GenerationConfig
 from evospec.cost import ForwardCost
@@ -19,6 +19,9 @@ from evospec.stats import SpecStats
 
 # Text, or chat messages ({"role": ..., "content": ...}) in order.
 Prompt = str | Sequence[Mapping[str, str]]
+# What an engine runs in place of the selector and learners it was built with: those of a server's
+# replica, which share what they learn with the other replicas (evospec.serve.sharing).
+Share = Callable[[Selector | None, list[OnlineLearner]], tuple[Selector | None, Sequence[OnlineLearner]]]
 
 
 def build_engine(
@@ -52,10 +55,12 @@ def build_engine_from_names(
     learning: LearnerConfig,
     max_k: int,
     adaptive_k: bool,
+    share: Share | None = None,
 ) -> Engine:
     """build_engine with the selector and learner named as --selector and --learner name them: the
     selector (default DEFAULT_SELECTOR) picks among several drafters, the learner trains every learnable
-    drafter, and the draft length adapts (at most max_k) when adaptive_k."""
+    drafter, and the draft length adapts (at most max_k) when adaptive_k. share: what the engine runs
+    in their place is what it makes of them."""
     if selector and len(drafters) < 2:
         raise EvospecError(f"selector {selector!r} picks among several drafters, and there are {len(drafters)}")
     if learner != NO_LEARNER and learner not in LEARNERS:
@@ -68,6 +73,8 @@ def build_engine_from_names(
         learners = [build_learner(learner, drafter, learning) for drafter in drafters if drafter.learnable]
         if not learners:
             raise EvospecError(f"learner {learner!r} trains eagle, hydra or lora:MODEL drafters; none was given")
+    if share is not None:
+        chosen, learners = share(chosen, learners)
     return build_engine(target, drafters, draft_length, chosen, learners, cost)
 
 

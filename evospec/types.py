@@ -93,6 +93,18 @@ class RoundFeedback:
             top_probs=self.top_probs[-rows:],
         )
 
+    def copied(self) -> RoundFeedback:
+        """The same round in tensors of its own, to keep past the round (a backend may reuse the buffers
+        that its tensors view)."""
+        return replace(
+            self,
+            tokens=self.tokens.clone(),
+            drafted=self.drafted.clone(),
+            hidden=None if self.hidden is None else self.hidden.clone(),
+            top_ids=self.top_ids.clone(),
+            top_probs=self.top_probs.clone(),
+        )
+
     @property
     def prefill(self) -> bool:
         """Whether this is the prefill's feedback: the prompt, from context position 0, nothing drafted."""
