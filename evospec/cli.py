@@ -17,15 +17,16 @@ from evospec.bench import SUITES
 from evospec.config import BACKENDS, DEFAULT_DTYPE, DTYPES, GenerationConfig, LoadConfig, SamplingConfig
 from evospec.errors import EvospecError
 from evospec.learning.learners import LEARNERS, NO_LEARNER, SCHEDULES, LearnerConfig
-from evospec.serve.config import ServerConfig
+from evospec.serve.config import ClusterConfig, ServerConfig
 
 if TYPE_CHECKING:
-    from evospec.generation import TextGenerator
+    from evospec.generation import Share, TextGenerator
 
 DEFAULTS = GenerationConfig()
 LEARNING = LearnerConfig()
 DEFAULT_SAMPLING = SamplingConfig()
 SERVER = ServerConfig()
+CLUSTER = ClusterConfig()
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b-instruct"
 DEMO_K = 64  # long drafts: where a CPU gains from speculation
@@ -150,15 +151,16 @@ def _generation_config(args: argparse.Namespace, **overrides) -> GenerationConfi
     )
 
 
-def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Callable[[], TextGenerator]:
+def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Callable[..., TextGenerator]:
     """Check the model options now; the function returned loads the target, drafters and selector they
-    name (seconds to minutes) and puts them behind a TextGenerator."""
+    name (seconds to minutes) and puts them behind a TextGenerator (its selector and learners what
+    share makes of them, where it is given: build_engine_from_names)."""
     specs = args.drafter or ["none"]
     if args.selector and len(specs) < 2:
         raise EvospecError("--selector picks among several drafters: give --drafter more than once")
     learner_config = _learner_config(args)
 
-    def load() -> TextGenerator:
+    def load(share: Share | None = None) -> TextGenerator:
         from evospec.drafters.registry import build_drafter
         from evospec.generation import TextGenerator, build_engine_from_names
         from evospec.models.loading import load_model
@@ -174,6 +176,7 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
             learner_config,
             config.num_speculative_tokens,
             args.adaptive_k,
+            share,
         )
         return TextGenerator(target, engine)
 
@@ -230,10 +233,28 @@ def cmd_generate(args: argparse.Namespace) -> None:
     print(f"[{stats.new_tokens} tokens, {stats.tokens_per_s:.2f} tokens/s, tau {stats.tau:.2f}{rate}]", file=sys.stderr)
 
 
+def _cluster_config(args: argparse.Namespace) -> ClusterConfig | None:
+    """How --replicas, --ray-address and --threads-per-replica say the server runs; None: in this process."""
+    if args.replicas is None:
+        given = [
+            flag
+            for flag, value in (
+                ("--ray-address", args.ray_address),
+                ("--threads-per-replica", args.threads_per_replica),
+            )
+            if value is not None
+        ]
+        if given:
+            raise EvospecError(f"{' and '.join(given)}: only with --replicas N (a server of replicas)")
+        return None
+    threads = CLUSTER.threads_per_replica if args.threads_per_replica is None else args.threads_per_replica
+    return ClusterConfig(replicas=args.replicas, ray_address=args.ray_address, threads_per_replica=threads)
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
-    from evospec.serve.app import serve
     from evospec.serve.worker import Served
 
+    cluster = _cluster_config(args)
     defaults = _generation_config(args)  # check everything before the server starts loading the model
     load_generator = _generator_loader(args, defaults)
     # The options are named as ServerConfig's fields.
@@ -243,10 +264,21 @@ def cmd_serve(args: argparse.Namespace) -> None:
     config = ServerConfig(**named, state_dir=Path(args.state_dir) if args.state_dir else None)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
 
-    def load() -> Served:
-        return Served.with_learners(load_generator())
+    def load(share: Share | None = None) -> Served:
+        return Served.with_learners(load_generator(share))
 
-    serve(config, args.served_model_name or args.target, load, defaults)
+    if cluster is None:
+        from evospec.serve.app import serve
+
+        serve(config, args.served_model_name or args.target, load, defaults)
+        return
+    try:
+        from evospec.serve.cluster import serve_replicas
+    except ImportError as error:
+        raise EvospecError(
+            f"--replicas runs on Ray Serve, which is not installed ({error}): pip install 'evospec[serve-ray]'"
+        ) from error
+    serve_replicas(config, cluster, args.served_model_name or args.target, load, defaults)
 
 
 def cmd_pull(args: argparse.Namespace) -> None:
@@ -425,6 +457,22 @@ def build_parser() -> argparse.ArgumentParser:
         ("--max-prediction-tokens", SERVER.max_prediction_tokens, "the longest prediction (OpenAI Predicted Outputs)"),
         ("--max-tokens-limit", SERVER.max_tokens_limit, "the most max_tokens (none asked: --max-new-tokens)"),
         ("--max-body-bytes", SERVER.max_body_bytes, "the largest request body"),
+    )
+    replicas = serve.add_argument_group("replicas on Ray Serve (pip install 'evospec[serve-ray]')")
+    replicas.add_argument(
+        "--replicas",
+        type=int,
+        help="serve with N engine replicas behind one ingress, and one learner for all of them "
+        "(default: one engine in this process, without Ray)",
+    )
+    replicas.add_argument(
+        "--ray-address",
+        help="the Ray cluster to run on (auto, HOST:PORT or ray://HOST:PORT; default: start Ray in this process)",
+    )
+    replicas.add_argument(
+        "--threads-per-replica",
+        type=int,
+        help=f"CPU threads of each replica's engine and of the learner (default {CLUSTER.threads_per_replica})",
     )
     serve.set_defaults(handler=cmd_serve)
 
