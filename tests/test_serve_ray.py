@@ -19,12 +19,15 @@ from pathlib import Path
 
 import httpx2 as httpx
 import pytest
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from evospec.cli import main
 from evospec.config import GenerationConfig, LoadConfig
+from evospec.errors import EvospecError
 from evospec.generation import TextGenerator, build_engine
 from evospec.models.loading import load_model
+from evospec.serve.config import ServerConfig
 
 from conftest import TINY_VOCAB, tiny_model, white_box, word_tokenizer
 
@@ -190,7 +193,9 @@ def test_eight_concurrent_streaming_clients_get_plain_greedy_decoding_from_both_
         return [completion(server.url, PROMPTS[(index + request) % len(PROMPTS)]) for request in range(3)]
 
     with ThreadPoolExecutor(8) as pool:
-        answers = [answer for answers in pool.map(one_client, range(8)) for answer in answers]
+        running = pool.map(one_client, range(8))
+        assert health(server.url) == 200  # every replica busy: /health waits for none of them
+        answers = [answer for answers in running for answer in answers]
     assert all("error" not in answer for answer in answers), answers
     got = [(answer["text"], answer["finish_reason"]) for answer in answers]
     assert got == [expected[PROMPTS[(index + request) % len(PROMPTS)]] for index in range(8) for request in range(3)]
@@ -232,7 +237,22 @@ def test_the_learner_learns_from_both_replicas_and_both_serve_its_new_weights(se
 
 def test_a_killed_replica_fails_only_its_request_in_flight_and_comes_back(server, expected):
     """Four long requests on two replicas (two in flight, two queued); one replica is killed with SIGKILL
-    mid-answer. Its request gets a clear 503 to retry; the others are answered; Ray starts a new replica."""
+    mid-answer. Its request gets a clear 503 to retry; the others are answered; Ray starts a new replica.
+    Where the kill comes too late to find a request on its replica (a machine slow to stream the first
+    pieces), no request fails and it is tried again, up to 3 times."""
+    long_answer = completion(server.url, LONG, LONGEST)
+    assert long_answer["text"].startswith(expected[LONG][0])
+    for _ in range(3):
+        failed = kill_a_replica_under_load(server, long_answer["text"])
+        if failed:
+            break
+    assert len(failed) == 1
+    assert failed[0]["error"]["code"] == "replica_unavailable" and "again" in failed[0]["error"]["message"]
+
+
+def kill_a_replica_under_load(server: Server, long_text: str) -> list[dict]:
+    """Kill a replica once two of four long requests stream; the answers that failed, once Ray has
+    restarted it (each of the others is plain decoding's)."""
     before = server.pids(ENGINE)
     assert len(before) == 2
     starts = [threading.Event() for _ in range(4)]
@@ -241,22 +261,19 @@ def test_a_killed_replica_fails_only_its_request_in_flight_and_comes_back(server
         until(lambda: sum(started.is_set() for started in starts) == 2, 60, "two requests in flight", every_s=0.01)
         os.kill(before[0], signal.SIGKILL)
         answers = [answer.result() for answer in answers]
-    failed = [answer for answer in answers if "error" in answer]
-    assert len(failed) == 1, answers
-    assert failed[0]["error"]["code"] == "replica_unavailable" and "again" in failed[0]["error"]["message"]
-    complete = [answer for answer in answers if "error" not in answer]
-    long_answer = completion(server.url, LONG, LONGEST)
-    assert all(answer["text"] == long_answer["text"] for answer in complete)
-    assert long_answer["text"].startswith(expected[LONG][0])
+    assert all(answer["text"] == long_text for answer in answers if "error" not in answer)
 
     def restarted() -> bool:  # a new replica process, and two requests at once are answered by two replicas
         with ThreadPoolExecutor(2) as pool:
             answers = list(pool.map(lambda prompt: completion(server.url, prompt), [LONG, LONG]))
-        assert all((answer["text"], answer["finish_reason"]) == expected[LONG] for answer in answers)
+        assert all("error" not in answer for answer in answers), answers
         now = server.pids(ENGINE)
         return len(now) == 2 and before[0] not in now and {answer["usage"]["replica"] for answer in answers} == {0, 1}
 
     until(restarted, 180, "Ray to restart the replica", every_s=0.5)
+    failed = [answer for answer in answers if "error" in answer]
+    assert len(failed) <= 1, answers  # at most the one request in flight on the killed replica
+    return failed
 
 
 def test_a_killed_learner_restarts_from_its_last_complete_save(server, expected):
@@ -314,6 +331,18 @@ def test_bad_replica_options_are_one_line_errors(model_dir, capsys, options, mes
     status = main(["serve", "--target", str(model_dir), "--backend", "hf", *options])
     error = capsys.readouterr().err
     assert status == 2 and message in error and error.count("\n") == 1
+
+
+def test_a_learner_whose_model_does_not_load_answers_ready_with_that_error():
+    """What the server then stops with (as a server of one process does), not Ray's account of a dead actor."""
+    from evospec.serve.cluster import Learner
+
+    def load() -> None:
+        raise EvospecError("'/no/such/model': no such file or directory")
+
+    learner = Learner(load, ServerConfig(), threads=torch.get_num_threads())
+    with pytest.raises(EvospecError, match="no such file"):
+        learner.ready()
 
 
 def test_without_ray_installed_replicas_say_how_to_install_it(model_dir, capsys, monkeypatch):

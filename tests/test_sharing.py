@@ -29,18 +29,22 @@ CONFIG = GenerationConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=K)
 PROMPTS = ["w1 w2 w3 w4 w1 w2", "w7 w8 w9", "w10 w11 w10 w11 w12", "w5 w6 w5"]
 
 
-def served(target, seed: int, share=None) -> Served:
-    """ngram and an eagle drafter (random weights, seeded) under UCB, the eagle learning every other round."""
-    drafters = [build_drafter("ngram", target), white_box("eagle", target, seed=seed)]
+def served(target, seed: int | None, share=None) -> Served:
+    """ngram and an eagle drafter (random weights, seeded) under UCB, the eagle learning every other round;
+    seed None: ngram and suffix, nothing learning."""
+    if seed is None:
+        drafters, learner = [build_drafter("ngram", target), build_drafter("suffix", target)], "none"
+    else:
+        drafters, learner = [build_drafter("ngram", target), white_box("eagle", target, seed=seed)], "ogd"
     learning = LearnerConfig(every=2, batch_rows=16)
-    engine = build_engine_from_names(target, drafters, "ucb-bd", "ogd", learning, K, False, share)
+    engine = build_engine_from_names(target, drafters, "ucb-bd", learner, learning, K, False, share)
     return Served.with_learners(TextGenerator(target, engine))
 
 
 class Replica:
     """An engine whose learning goes to `learner` through a ReplicaSharing, synced when the test says."""
 
-    def __init__(self, learner: SharedLearning, target, seed: int) -> None:
+    def __init__(self, learner: SharedLearning, target, seed: int | None) -> None:
         lock = threading.Lock()  # the sharing's thread syncs once more at the end
 
         def exchange(batch, known, families):
@@ -60,6 +64,7 @@ class Replica:
 
     def generate(self, prompt: str):
         stream = self.served.generator.generate(prompt, CONFIG)
+        self.sharing.after_request(self.served)  # as the worker says it (the sharing's thread may sync too)
         self.sharing.sync()
         return stream
 
@@ -101,6 +106,18 @@ def test_replicas_learn_as_one_learner_and_serve_its_weights(sharp_target, tmp_p
         replica.sharing.end(replica.served)
 
 
+def test_without_learners_the_merged_selector_is_kept(sharp_target, tmp_path):
+    """Model-free drafters only: each request still counts towards a save of what the selector learned."""
+    config = ServerConfig(state_dir=tmp_path, save_every=2)
+    learner = SharedLearning(served(sharp_target, None), config, LearningMetrics(CollectorRegistry(), True))
+    replica = Replica(learner, sharp_target, None)
+    for prompt in PROMPTS[:2]:
+        replica.generate(prompt)
+    replica.sharing.end(replica.served)
+    assert StateStore(tmp_path).load({}).sequence == 1
+    assert sum(learner.published(None).selector["pulls"].values()) > 0
+
+
 def test_the_outbox_keeps_a_round_once_in_tensors_of_its_own():
     """Every learner hears the same round; a backend may write its next pass into the tensors it gave."""
     outbox = Outbox(limit=2)
@@ -124,9 +141,10 @@ def test_the_outbox_keeps_a_round_once_in_tensors_of_its_own():
     for _ in range(2):  # two more requests: the oldest goes
         outbox.record(round_)
         outbox.end_request()
+    outbox.count_request()
     batch = outbox.take()
-    assert [len(rounds) for rounds in batch.requests] == [1, 1]
-    assert float(batch.requests[0][0].hidden.sum()) == 8.0 and outbox.take().requests == []
+    assert [len(rounds) for rounds in batch.rounds] == [1, 1] and batch.requests == 1
+    assert float(batch.rounds[0][0].hidden.sum()) == 8.0 and outbox.take().rounds == []
 
 
 def test_gathered_metrics_are_one_family_per_name_each_sample_labelled_with_its_replica():

@@ -27,7 +27,7 @@ import torch
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from ray import serve
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.exceptions import ReplicaUnavailableError, RequestCancelledError
 from ray.serve.handle import DeploymentHandle
 
@@ -74,18 +74,24 @@ class Learner:
         logging.basicConfig(level=logging.INFO)
         torch.set_num_threads(threads)
         self._registry = CollectorRegistry()
-        metrics = LearningMetrics(self._registry, by_drafter=True)
-        self._learning = SharedLearning(load(), config, metrics, put=ray.put)
         self._replicas: dict[int, list[Metric]] = {}  # by replica: its families as it last sent them
+        self._learning: SharedLearning | None = None
+        self._load_error: Exception | None = None
+        try:
+            self._learning = SharedLearning(load(), config, LearningMetrics(self._registry, True), put=ray.put)
+        except Exception as error:  # kept for ready(), whose caller then gets this error, not a dead actor's account
+            self._load_error = error
 
     def ready(self) -> None:
-        """Answers once it is loaded."""
+        """Answers once it is loaded; raises what stopped it loading."""
+        self._loaded()
 
     def exchange(self, replica: int, batch: Batch, known: Known | None, families: list[Metric]) -> Published:
         """Learn from a replica's batch; what it publishes to that replica."""
-        self._learning.learn(batch)
+        learning = self._loaded()
+        learning.learn(batch)
         self._replicas[replica] = families
-        return self._learning.published(known)
+        return learning.published(known)
 
     def metric_families(self) -> list[Metric]:
         """Its own families and each replica's, labelled with the replica."""
@@ -93,7 +99,12 @@ class Learner:
         return gathered([({}, self._registry.collect()), *replicas])
 
     def save(self) -> None:
-        self._learning.save()
+        self._loaded().save()
+
+    def _loaded(self) -> SharedLearning:
+        if self._learning is None:
+            raise self._load_error
+        return self._learning
 
 
 @serve.deployment
@@ -136,9 +147,6 @@ class EngineReplica:
         finally:  # the ingress cancelled (its client left) or the answer is complete
             job.cancel()
 
-    def ready(self) -> bool:
-        return True
-
     def __del__(self) -> None:  # Ray Serve stops the replica: finish the queued jobs, hand the rest to the learner
         self._worker.stop()
 
@@ -159,13 +167,15 @@ class ReplicaPool:
         """Ray Serve stops the replicas."""
 
     async def status(self) -> str:
-        response = self._engine.ready.remote()
+        """ok while a replica runs (loaded, with the learner's weights), busy or not: Serve's controller
+        says, not a request that would wait for a free replica."""
         try:
-            await asyncio.wait_for(_awaited(response), ANSWER_TIMEOUT_S)
-        except (TimeoutError, RayActorError, ReplicaUnavailableError):
-            response.cancel()
+            status = await asyncio.wait_for(asyncio.to_thread(serve.status), ANSWER_TIMEOUT_S)
+        except TimeoutError:
             return "loading"
-        return "ok"
+        application = status.applications.get(APP)
+        engines = application.deployments.get(EngineReplica.name) if application else None
+        return "ok" if engines and engines.replica_states.get("RUNNING", 0) else "loading"
 
     def submit(self, job: Job) -> None:
         relay = asyncio.get_running_loop().create_task(self._relay(job))
@@ -306,6 +316,9 @@ def _start_learner(load: Load, config: ServerConfig, cluster: ClusterConfig) -> 
     )
     try:
         ray.get(learner.ready.remote())
+    except RayTaskError as error:  # its model did not load: that error, as a server of one process raises it
+        ray.kill(learner)
+        raise error.cause from None
     except RayActorError as error:
         ray.kill(learner)
         raise EvospecError(f"the learner did not start: {error}") from error

@@ -70,7 +70,8 @@ class Scored:
 class Batch:
     """What a replica heard since its last exchange with the learner."""
 
-    requests: list[list[RoundFeedback]]  # each finished request's rounds, in order
+    requests: int  # requests it generated for
+    rounds: list[list[RoundFeedback]]  # the rounds of each finished request its learners heard, in order
     rewards: list[Pulled | Scored]  # its selector's, in order
 
 
@@ -85,8 +86,9 @@ class Published:
 
 
 class Outbox:
-    """A replica's rounds and rewards until the learner takes them: the rounds of each finished request (at
-    most `limit` requests, the oldest dropped first when the learner falls behind) and the selector's rewards."""
+    """A replica's requests, rounds and rewards until the learner takes them: how many requests it generated
+    for, the rounds of each finished request (at most `limit` requests' rounds, the oldest dropped first
+    when the learner falls behind) and the selector's rewards."""
 
     def __init__(self, limit: int) -> None:
         self._lock = threading.Lock()
@@ -94,6 +96,7 @@ class Outbox:
         self._request: list[RoundFeedback] = []  # the rounds of the request being served (the engine's thread)
         self._finished: deque[list[RoundFeedback]] = deque(maxlen=limit)
         self._rewards: list[Pulled | Scored] = []
+        self._requests = 0
 
     def record(self, feedback: RoundFeedback) -> None:
         """A round's feedback, copied (a backend may reuse its buffers). Every learner hears the same
@@ -110,6 +113,11 @@ class Outbox:
                 self._finished.append(self._request)
             self._request = []
 
+    def count_request(self) -> None:
+        """A request was generated for (with or without learners to hear its rounds)."""
+        with self._lock:
+            self._requests += 1
+
     def reward(self, reward: Pulled | Scored) -> None:
         with self._lock:
             self._rewards.append(reward)
@@ -122,9 +130,10 @@ class Outbox:
     def take(self) -> Batch:
         """Everything kept, which is then forgotten."""
         with self._lock:
-            batch = Batch(list(self._finished), self._rewards)
+            batch = Batch(self._requests, list(self._finished), self._rewards)
             self._finished.clear()
             self._rewards = []
+            self._requests = 0
         return batch
 
 
@@ -262,6 +271,7 @@ class ReplicaSharing:
         self._thread.start()
 
     def after_request(self, served: Served) -> None:
+        self._outbox.count_request()
         self._due.set()
 
     def end(self, served: Served) -> None:
@@ -319,16 +329,17 @@ class SharedLearning:
 
     def learn(self, batch: Batch) -> None:
         """Every request's rounds to every learner, the rewards to the selector; the state saved when due."""
-        for rounds in batch.requests:
+        for rounds in batch.rounds:
             self._requests += 1
             for learner in self._learners:
                 for feedback in rounds:
                     learner.observe(replace(feedback, request=self._requests))
                 learner.end_request()
-            self._state.after_request(self._served)
         if self._selector is not None:
             for reward in batch.rewards:
                 reward.apply(self._selector)
+        for _ in range(batch.requests):
+            self._state.after_request(self._served)
 
     def published(self, known: Known | None) -> Published:
         """What a replica that has the weights `known` gets: the weights only if they are not those."""
