@@ -462,16 +462,19 @@ def build_parser() -> argparse.ArgumentParser:
     replicas.add_argument(
         "--replicas",
         type=int,
+        metavar="N",
         help="serve with N engine replicas behind one ingress, and one learner for all of them "
         "(default: one engine in this process, without Ray)",
     )
     replicas.add_argument(
         "--ray-address",
+        metavar="ADDRESS",
         help="the Ray cluster to run on (auto, HOST:PORT or ray://HOST:PORT; default: start Ray in this process)",
     )
     replicas.add_argument(
         "--threads-per-replica",
         type=int,
+        metavar="T",
         help=f"CPU threads of each replica's engine and of the learner (default {CLUSTER.threads_per_replica})",
     )
     serve.set_defaults(handler=cmd_serve)

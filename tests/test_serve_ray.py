@@ -114,7 +114,12 @@ def server(model_dir, tmp_path_factory) -> Iterator[Server]:
     process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     served = Server(process, f"http://127.0.0.1:{port}", state_dir)
     try:
-        until(lambda: health(served.url) == 200, START_TIMEOUT_S, f"the server to start (log: {log})")
+
+        def started() -> bool:
+            assert process.poll() is None, f"the server stopped; its log: {log}"
+            return health(served.url) == 200
+
+        until(started, START_TIMEOUT_S, f"the server to start (log: {log})")
         yield served
     finally:
         process.send_signal(signal.SIGTERM)  # the replicas hand what is left to the learner, which saves

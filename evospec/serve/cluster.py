@@ -47,8 +47,9 @@ NAMESPACE = "evospec"  # the Ray namespace of the learner actor
 APP = "evospec"  # the Serve application
 LEARNER = "evospec-learner"  # the learner actor's name
 INGRESS_REQUESTS = 1024  # requests in the ingress at once: every request reaches the app (and /health) at once
-ANSWER_TIMEOUT_S = 2.0  # how long /health waits for a replica, and /metrics for the learner
+ANSWER_TIMEOUT_S = 2.0  # how long /health waits for Serve's controller, and /metrics for the learner
 CONNECT_TIMEOUT_S = 5.0  # a Ray address that does not answer by then is unreachable (Ray itself waits minutes)
+METRICS = "metrics"  # the learner's concurrency group for /metrics: one thread beside the one that learns
 GONE_RETRY_S = 1  # the Retry-After of a request whose replica died: another one takes it at once
 
 # A loader of what a replica or the learner serves: given a share hook (ReplicaSharing.share), the engine
@@ -78,7 +79,9 @@ class Learner:
         self._learning: SharedLearning | None = None
         self._load_error: Exception | None = None
         try:
-            self._learning = SharedLearning(load(), config, LearningMetrics(self._registry, True), put=ray.put)
+            self._learning = SharedLearning(
+                load(), config, LearningMetrics(self._registry, by_drafter=True), put=ray.put
+            )
         except Exception as error:  # kept for ready(), whose caller then gets this error, not a dead actor's account
             self._load_error = error
 
@@ -90,9 +93,10 @@ class Learner:
         """Learn from a replica's batch; what it publishes to that replica."""
         learning = self._loaded()
         learning.learn(batch)
-        self._replicas[replica] = families
+        self._replicas = {**self._replicas, replica: families}  # a new dict: metric_families reads on another thread
         return learning.published(known)
 
+    @ray.method(concurrency_group=METRICS)  # answered while an exchange learns
     def metric_families(self) -> list[Metric]:
         """Its own families and each replica's, labelled with the replica."""
         replicas = (({"replica": str(rank)}, families) for rank, families in sorted(self._replicas.items()))
@@ -303,7 +307,7 @@ def _start_learner(load: Load, config: ServerConfig, cluster: ClusterConfig) -> 
     except ValueError:
         pass
     learner = (
-        ray.remote(Learner)
+        ray.remote(concurrency_groups={METRICS: 1})(Learner)
         .options(
             name=LEARNER,
             namespace=NAMESPACE,
