@@ -107,7 +107,7 @@ class Recording:
         self.rows = False
         self.clock = ReplayClock()
         self.reordered_rows = 0  # positions whose recorded top-1 was not the answer's token (see _logits)
-        self._current: tuple[int, bool, Rows] | None = None  # (index, with hidden, rows) of the last request
+        self._current: tuple[int, Rows] | None = None  # (index, rows) of the last request
         self._real_lm: LanguageModel | None = None
 
     def index_of(self, prompt_ids: Sequence[int]) -> int:
@@ -117,17 +117,18 @@ class Recording:
         return index
 
     def rows_of(self, index: int, hidden: bool) -> Rows:
-        """The rows of answer `index`: from the cache, or one pass of the real target."""
-        if self._current is not None and self._current[0] == index and (self._current[1] or not hidden):
-            return self._current[2]
-        rows = self._cached_rows(index, hidden)
-        if rows is None:
-            rows = self._target_pass(index, hidden)
-        self._current = (index, hidden, rows)
+        """The rows of answer `index`, with hidden states if asked for: from the cache, or one pass of the target."""
+        rows = self._current[1] if self._current is not None and self._current[0] == index else None
+        if rows is None or (hidden and rows.hidden is None):
+            rows = self._cached_rows(index)
+        if rows is None or (hidden and rows.hidden is None):
+            rows = self._target_pass(index)
+        self._current = (index, rows)
         return rows
 
-    def _cached_rows(self, index: int, hidden: bool) -> Rows | None:
-        """The rows cached for answer `index` (None if missing, damaged, or without the hidden states asked for)."""
+    def _cached_rows(self, index: int) -> Rows | None:
+        """The rows cached for answer `index`, hidden states included where the file has them (None if
+        missing or damaged)."""
         path = self.rows_paths[index]
         if path is None or not path.is_file():
             return None
@@ -135,11 +136,11 @@ class Recording:
             tensors = load_file(path)
         except (SafetensorError, OSError):
             return None
-        if tensors["top_ids"].shape[0] != len(self.answers[index].tokens) or (hidden and "hidden" not in tensors):
+        if tensors["top_ids"].shape[0] != len(self.answers[index].tokens):
             return None
-        return Rows(tensors["top_ids"], tensors["top_probs"], tensors.get("hidden") if hidden else None)
+        return Rows(tensors["top_ids"], tensors["top_probs"], tensors.get("hidden"))
 
-    def _target_pass(self, index: int, hidden: bool) -> Rows:
+    def _target_pass(self, index: int) -> Rows:
         """One pass of the real target (fresh cache) over prompt + answer, in pieces; its rows are cached."""
         if self.real_target is None:
             raise EvospecError(
@@ -154,7 +155,7 @@ class Recording:
         rows = Rows(top_ids, top_probs, hidden_states)
         if self.rows_paths[index] is not None:
             save_rows(rows, self.rows_paths[index])
-        return rows if hidden else Rows(top_ids, top_probs)
+        return rows
 
     def logits(self, index: int, positions: Sequence[int]) -> torch.Tensor:
         """Logits [n, V] at these context positions of answer `index`, whose argmax is the answer's next token.
