@@ -223,7 +223,7 @@ def build_methods(
             for suffix in ("", ADAPTIVE):
                 name = f"evospec:{kind}{'+' + learner if learner else ''}{suffix}"
                 builders[name] = lambda name=name, learner=learner, adaptive=bool(suffix): EvospecMethod(
-                    name, engine([new_white_box_drafter(kind, target, white_box)], adaptive, learner=learner)
+                    name, engine(white_box_arm(), adaptive, learner=learner)
                 )
     for name, baseline in baselines(target.backend, draft_model and draft_model.name).items():
         builders[name] = lambda baseline=baseline: BASELINES[baseline](target, draft_model, num_speculative_tokens)
