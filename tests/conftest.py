@@ -127,6 +127,19 @@ def tiny_word_tokenizer():
     return word_tokenizer(["<unk>", "<eos>", *(f"w{i}" for i in range(TINY_VOCAB - 2))])
 
 
+def every_drafter_kind(small_lm_directory: Path) -> dict[str, str]:
+    """A drafter spec of every kind by name; the small LMs load the model saved in small_lm_directory."""
+    return {
+        "ngram": "ngram",
+        "suffix": "suffix",
+        "prediction": "prediction",
+        "lm": f"lm:{small_lm_directory}",
+        "lora": f"lora:{small_lm_directory}",
+        "eagle": "eagle",
+        "hydra": "hydra",
+    }
+
+
 def word_tokenizer(words: list[str]):
     """A word-level tokenizer over words (ids in order); "<eos>" and "<unk>" must be among them."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -16,7 +16,7 @@ from evospec.models.hf import CachedLM
 from evospec.selection import SELECTORS, build_selector
 from evospec.stats import SpecStats
 
-from conftest import TINY_VOCAB, random_prompts, reference_greedy, tiny_model
+from conftest import TINY_VOCAB, every_drafter_kind, random_prompts, reference_greedy, tiny_model
 
 MAX_NEW = 24
 
@@ -52,15 +52,7 @@ def drafter_specs(tmp_path_factory, sharp_target) -> dict[str, str]:
     directory = tmp_path_factory.mktemp("small-lm")
     tiny_model(seed=1, noise=0.3, base=sharp_target.model).save_pretrained(directory)
     sharp_target.tokenizer.save_pretrained(directory)
-    return {
-        "ngram": "ngram",
-        "suffix": "suffix",
-        "prediction": "prediction",
-        "lm": f"lm:{directory}",
-        "lora": f"lora:{directory}",
-        "eagle": "eagle",
-        "hydra": "hydra",
-    }
+    return every_drafter_kind(directory)
 
 
 @pytest.fixture(scope="module")

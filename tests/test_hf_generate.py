@@ -19,7 +19,7 @@ from evospec.learning import LEARNERS, LearnerConfig
 from evospec.models.hf import CachedLM
 from evospec.stats import SpecStats
 
-from conftest import TINY_VOCAB, random_prompts, tiny_model, word_tokenizer
+from conftest import TINY_VOCAB, every_drafter_kind, random_prompts, tiny_model, word_tokenizer
 
 MAX_NEW = 24
 PROMPTS = random_prompts(4)
@@ -56,13 +56,7 @@ def drafters(tmp_path_factory, draft_model, tokenizer) -> dict[str, object]:
     draft_model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return {
-        "ngram": "ngram",
-        "suffix": "suffix",
-        "prediction": "prediction",
-        "lm": f"lm:{directory}",
-        "lora": f"lora:{directory}",
-        "eagle": "eagle",
-        "hydra": "hydra",
+        **every_drafter_kind(directory),
         MODEL_OBJECT: draft_model,
         NO_DRAFTER: NO_DRAFTER,  # plain decoding through the loop
     }
