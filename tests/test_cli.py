@@ -44,6 +44,8 @@ SMOL = "smollm2-135m-instruct"
         (["generate", "hi", "--target", SMOL, "--learn-every", "0"], "learn-every"),
         (["generate", "hi", "--target", SMOL, "--buffer-rows", "1"], "buffer rows"),
         (["generate", "hi", "--target", SMOL, "--learn-prompt-rows", "-1"], "prompt rows must be >= 0"),
+        (["generate", "hi", "--target", SMOL, "--learn-epochs", "0"], "need epochs >= 1 and replay rows >= 0"),
+        (["serve", "--target", SMOL, "--replay-rows", "-1"], "need epochs >= 1 and replay rows >= 0"),
         (["bench", "--learn-prompt-rows", "-1"], "prompt rows must be >= 0"),
         (["bench", "--suite", "learning"], "needs a white-box drafter checkpoint"),
     ],
