@@ -3,7 +3,10 @@
 Each client sends its requests one after another; an answer counts as a success only when it is complete
 (a finish reason and the usage chunk before [DONE]) and its text equals the server's non-streaming answer
 to the same prompt, fetched first. Prints JSON: failures, time to first token and per-request decode
-tokens/s (percentiles), and the aggregate tokens/s. Usage:
+tokens/s (percentiles), the aggregate tokens/s, and by replica (a server of replicas names the one in
+each answer's usage) its requests, tau by quarter of the run and the drafter versions it served, from
+each answer's usage. With --out X.json, also X-requests.json (one row per request) and, when a drafter
+learned, X-tau.png (tau per request against its finish, one colour per replica). Usage:
     python benchmarks/serve_load.py --url http://127.0.0.1:8000 --model qwen2.5-coder-1.5b-instruct
     python benchmarks/serve_load.py --target qwen2.5-coder-1.5b-instruct --drafter ngram  # starts its own server
 """
@@ -63,9 +66,15 @@ def main() -> None:
         "model": model,
         **results,
     }
+    rows = results.pop("per_request")
     print(json.dumps(results, indent=1))
     if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1) + "\n")
+        out.with_name(f"{out.stem}-requests.json").write_text(json.dumps(rows, indent=1) + "\n")
+        if any(row["drafter_version"] for row in rows):
+            plot_tau(rows, out.with_name(f"{out.stem}-tau.png"))
 
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
@@ -131,11 +140,16 @@ async def run_load(
         end = time.perf_counter()
         first = first or end
         tokens = usage.completion_tokens if usage else 0
+        served = usage.model_dump() if usage else {}
         return {
             "ok": finish_reason is not None and usage is not None and "".join(pieces) == expected[prompt],
             "ttft_s": first - start,
             "tokens": tokens,
             "tokens_per_s": (tokens - 1) / (end - first) if tokens > 1 and end > first else None,
+            "finished_s": end - load_start,
+            "replica": served.get("replica", 0),
+            "tau": (served.get("spec_decode") or {}).get("tau"),
+            "drafter_version": sum((served.get("drafter_versions") or {}).values()),
         }
 
     async def one_client(index: int) -> list[dict]:
@@ -147,10 +161,10 @@ async def run_load(
                 results.append({"ok": False, "error": str(error)})
         return results
 
-    start = time.perf_counter()
+    load_start = time.perf_counter()
     results = [result for group in await asyncio.gather(*map(one_client, range(clients))) for result in group]
-    wall = time.perf_counter() - start
-    done = [result for result in results if "ttft_s" in result]
+    wall = time.perf_counter() - load_start
+    done = sorted((result for result in results if "ttft_s" in result), key=lambda result: result["finished_s"])
     return {
         "clients": clients,
         "requests_per_client": requests,
@@ -163,7 +177,50 @@ async def run_load(
         "aggregate_tokens_per_s": round(sum(r["tokens"] for r in done) / wall, 2),
         "ttft_s": percentiles([r["ttft_s"] for r in done]),
         "tokens_per_s": percentiles([r["tokens_per_s"] for r in done if r["tokens_per_s"] is not None]),
+        "replicas": by_replica(done),
+        "per_request": done,
     }
+
+
+def by_replica(done: list[dict]) -> dict[str, dict]:
+    """Each replica's requests, its tau (emitted tokens per verification, mean over its requests) in each
+    quarter of the run by finish order, and the lowest and highest drafter version its answers report."""
+    quarters = [done[len(done) * q // 4 : len(done) * (q + 1) // 4] for q in range(4)]
+
+    def mean_tau(rows: list[dict]) -> float | None:
+        taus = [row["tau"] for row in rows if row["tau"] is not None]
+        return round(sum(taus) / len(taus), 4) if taus else None
+
+    replicas = sorted({row["replica"] for row in done})
+    return {
+        str(replica): {
+            "requests": sum(row["replica"] == replica for row in done),
+            "tau_by_quarter": [mean_tau([row for row in quarter if row["replica"] == replica]) for quarter in quarters],
+            "drafter_versions": [
+                min(row["drafter_version"] for row in done if row["replica"] == replica),
+                max(row["drafter_version"] for row in done if row["replica"] == replica),
+            ],
+        }
+        for replica in replicas
+    }
+
+
+def plot_tau(done: list[dict], path: Path) -> None:
+    """Tau of every request against the time it finished, one colour per replica."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 3.5))
+    for replica in sorted({row["replica"] for row in done}):
+        rows = [row for row in done if row["replica"] == replica and row["tau"] is not None]
+        axes.plot([row["finished_s"] for row in rows], [row["tau"] for row in rows], ".", label=f"replica {replica}")
+    axes.set(xlabel="finished at (s)", ylabel="tau (tokens per verification)")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 def percentiles(values: list[float]) -> dict[str, float] | None:

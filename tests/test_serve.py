@@ -433,6 +433,9 @@ def test_the_load_benchmark_in_small_reports_no_failures_and_its_percentiles(ser
     assert results["requests"] == 12 and results["failures"] == 0 and not results["errors"]
     assert 0 < results["ttft_s"]["p50"] <= results["ttft_s"]["p90"] <= results["ttft_s"]["max"]
     assert results["tokens_per_s"]["p50"] > 0 and results["aggregate_tokens_per_s"] > 0
+    assert list(results["replicas"]) == ["0"] and results["replicas"]["0"]["requests"] == 12
+    finished = [row["finished_s"] for row in results["per_request"]]
+    assert finished == sorted(finished) and all(row["tau"] >= 1 for row in results["per_request"])
 
 
 def test_a_client_that_leaves_stops_its_generation(server, expected):
