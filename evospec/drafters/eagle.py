@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaModel
+from transformers import DynamicCache, LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from evospec.drafters.whitebox import ReducedVocab, WhiteBoxConfig, WhiteBoxDrafter, load_weights
 from evospec.learnable import Trace, TrainingOutputs
@@ -15,6 +16,42 @@ from evospec.sampling import Sampler
 from evospec.types import Draft
 
 HEAD_DIM = 128  # attention head width (the Qwen2.5 and Llama one); smaller targets get one head
+
+
+class DecoderLayer(torch.nn.Module):
+    """One Llama decoder layer with its rotary embedding and final norm, under LlamaModel's parameter
+    names. Called directly rather than through LlamaModel, whose per-call mask building and output
+    hooks cost a one-layer draft step as much as the layer's own matmuls on a CPU."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.layers = torch.nn.ModuleList([LlamaDecoderLayer(config, layer_idx=0)])
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        for module in self.modules():  # LlamaModel's initialisation
+            if isinstance(module, torch.nn.Linear):
+                torch.nn.init.normal_(module.weight, std=config.initializer_range)
+
+    def forward(self, inputs: torch.Tensor, cache: DynamicCache | None) -> torch.Tensor:
+        """inputs [1, n, width] after the cache's positions -> outputs [1, n, width]."""
+        past = cache.get_seq_length() if cache is not None else 0
+        count = inputs.shape[1]
+        positions = torch.arange(past, past + count)[None]
+        # Causal attention over the cache too. One query attends everything, and without a cache SDPA's
+        # own causal mask is right.
+        mask = None
+        if count > 1 and past:
+            mask = (torch.arange(past + count)[None, :] <= positions[0, :, None])[None, None]
+        hidden = self.layers[0](
+            inputs,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=cache is not None,
+            position_embeddings=self.rotary_emb(inputs, positions),
+        )
+        return self.norm(hidden)
 
 
 class EagleModule(torch.nn.Module):
@@ -30,7 +67,7 @@ class EagleModule(torch.nn.Module):
         heads = max(1, width // HEAD_DIM)
         self.fc = torch.nn.Linear(2 * config.hidden_size, width)
         self.up = torch.nn.Linear(width, config.hidden_size)
-        self.layer = LlamaModel(
+        self.layer = DecoderLayer(
             LlamaConfig(
                 vocab_size=1,
                 hidden_size=width,
@@ -42,18 +79,22 @@ class EagleModule(torch.nn.Module):
                 bos_token_id=None,
                 eos_token_id=None,
                 pad_token_id=None,
+                attn_implementation="sdpa",
             )
         )
-        self.layer.embed_tokens.requires_grad_(False)  # inputs come as embeddings; this table is unused
+        self.register_load_state_dict_pre_hook(_drop_legacy_embedding)
 
     def forward(
         self, embeddings: torch.Tensor, features: torch.Tensor, cache: DynamicCache | None = None
     ) -> torch.Tensor:
         """embeddings [n, H] of tokens x_t, features [n, H] f_{t-1} -> predicted features [n, H]."""
         inputs = self.fc(torch.cat([embeddings, features], dim=-1))
-        return self.up(
-            self.layer(inputs_embeds=inputs[None], cache=cache, use_cache=cache is not None).last_hidden_state[0]
-        )
+        return self.up(self.layer(inputs[None], cache)[0])
+
+
+def _drop_legacy_embedding(module, state: dict, prefix: str, *args) -> None:
+    """Weights saved while the layer was a LlamaModel hold its unused one-row embedding table: drop it."""
+    state.pop(f"{prefix}layer.embed_tokens.weight", None)
 
 
 class EagleDrafter(WhiteBoxDrafter):
@@ -72,7 +113,7 @@ class EagleDrafter(WhiteBoxDrafter):
     ) -> None:
         module = EagleModule(config, context_length)
         if state is not None:
-            load_weights(module, state, strict=False)  # the unused embedding table is not saved
+            load_weights(module, state)
         super().__init__(name, config, module, tokens, vocab)
         self.cache = self._new_cache()
         self.origin = 0  # context position of the first cache entry
