@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from evospec.bench import SUITES
 from evospec.config import BACKENDS, DEFAULT_DTYPE, DTYPES, GenerationConfig, LoadConfig, SamplingConfig
 from evospec.errors import EvospecError
-from evospec.learning.learners import LEARNERS, NO_LEARNER, SCHEDULES, LearnerConfig
+from evospec.learning.learners import LEARNERS, NO_LEARNER, SCHEDULES, AdamWLearner, LearnerConfig, OnlineLearner
 from evospec.serve.config import ClusterConfig, ServerConfig
 
 if TYPE_CHECKING:
@@ -94,7 +94,13 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 
 def _add_learning_options(group) -> None:
     """How learners learn (generate and serve with --learner; bench for its learning methods)."""
-    group.add_argument("--lr", type=float, default=LEARNING.lr, help="learning rate (the ensemble's smallest)")
+    group.add_argument(
+        "--lr",
+        type=float,
+        default=LEARNING.lr,
+        help=f"learning rate (the ensemble's smallest; default: {OnlineLearner.default_lr}, "
+        f"adamw {AdamWLearner.default_lr})",
+    )
     group.add_argument(
         "--learn-schedule",
         choices=SCHEDULES,

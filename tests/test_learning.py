@@ -38,7 +38,7 @@ def run(
 @pytest.mark.parametrize("kind", WHITE_BOX_KINDS)
 def test_greedy_output_is_plain_decoding_while_the_drafter_learns(sharp_target, kind, learner):
     drafter = white_box(kind, sharp_target)
-    trainer = build_learner(learner, drafter, LearnerConfig(every=2, batch_rows=64, lr=0.5))
+    trainer = build_learner(learner, drafter, LearnerConfig(every=2, batch_rows=64))
     engine = Engine(CachedLM(sharp_target.model), [drafter], frozenset(), 256, learners=[trainer] if trainer else [])
     prompts = random_prompts(4, seed=3)
     outputs, stats = run(engine, prompts)
@@ -55,14 +55,19 @@ SEEDS = range(int(os.environ.get("EVOSPEC_LEARNING_SEEDS", "1")))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize(("kind", "passes", "loss_ratio", "gain"), [("eagle", 4, 0.85, 0.04), ("lora", 6, 0.92, 0.02)])
-def test_online_loss_falls_and_acceptance_rises_on_a_fixed_stream(sharp_target, kind, passes, loss_ratio, gain, seed):
+@pytest.mark.parametrize(
+    ("kind", "name", "passes", "loss_ratio", "gain"),
+    [("eagle", "ogd", 4, 0.85, 0.04), ("eagle", "adamw", 4, 0.80, 0.10), ("lora", "ogd", 6, 0.92, 0.02)],
+)
+def test_online_loss_falls_and_acceptance_rises_on_a_fixed_stream(
+    sharp_target, kind, name, passes, loss_ratio, gain, seed
+):
     """The white-box drafter, and the small LM through its adapters (OSD's setting), over a few passes
-    of the same prompts. Over seeds 0-9 the loss ratio was at most 0.77 (eagle) and 0.87 (lora), and
-    the gain in acceptance at least 0.07 and 0.036."""
+    of the same prompts. Over seeds 0-9 the loss ratio was at most 0.77 (eagle, OGD), 0.70 (eagle,
+    AdamW) and 0.87 (lora), and the gain in acceptance at least 0.07, 0.166 and 0.036."""
     torch.manual_seed(seed)
     drafter = adapted_lm(sharp_target, seed=1 + seed) if kind == "lora" else white_box(kind, sharp_target, seed)
-    learner = build_learner("ogd", drafter, LearnerConfig(every=4, batch_rows=128, lr=0.5))
+    learner = build_learner(name, drafter, LearnerConfig(every=4, batch_rows=128))
     engine = Engine(CachedLM(sharp_target.model), [drafter], frozenset(), 256, learners=[learner])
     _, stats = run(engine, random_prompts(4, seed=seed) * passes, max_new_tokens=48)
     losses = learner.stats.losses
@@ -96,7 +101,7 @@ def test_greedy_output_is_plain_decoding_while_a_small_lm_learns(sharp_target, l
     """OSD's setting: the small LM's adapters learn from the target's distributions; the target is
     never asked for hidden states, since the small LM does not read them."""
     drafter = adapted_lm(sharp_target)
-    trainer = build_learner(learner, drafter, LearnerConfig(every=4, batch_rows=64, lr=0.5))
+    trainer = build_learner(learner, drafter, LearnerConfig(every=4, batch_rows=64))
     engine = Engine(NoHiddenLM(sharp_target.model), [drafter], frozenset(), 256, learners=[trainer])
     prompts = random_prompts(3, seed=5)
     outputs, _ = run(engine, prompts)
@@ -169,7 +174,7 @@ def test_a_prefill_teaches_the_drafter_its_prompt_once_a_step_a_round(sharp_targ
 @pytest.mark.parametrize("learner", LEARNERS)
 def test_greedy_output_is_plain_decoding_while_the_drafter_learns_its_prompt_round_by_round(sharp_target, learner):
     drafter = white_box("eagle", sharp_target)
-    trainer = build_learner(learner, drafter, LearnerConfig(every=3, batch_rows=8, lr=0.5))
+    trainer = build_learner(learner, drafter, LearnerConfig(every=3, batch_rows=8))
     engine = Engine(CachedLM(sharp_target.model), [drafter], frozenset(), 256, learners=[trainer])
     prompts = [prompt * 3 for prompt in random_prompts(3, seed=11)]  # up to 99 tokens: up to 14 prompt steps
     outputs, stats = run(engine, prompts)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from evospec.bench.replay import learner_settings
 from evospec.bench.traces import collect_traces, load_traces
 from evospec.config import GenerationConfig
 from evospec.cost import ForwardCost, profile_cost
@@ -273,6 +274,12 @@ def test_replay_command_writes_the_benchmark_shape(sharp_model_dir, tmp_path, ca
     assert plain["tau"] == 1.0 and len(plain["per_block"]) == 3
     assert results["methods"]["evospec:ngram"]["rounds"] <= plain["rounds"]
     assert (out / "blocks.png").is_file() and (out / "results.md").is_file()
+
+
+def test_a_method_name_sets_learner_fields_optional_ones_included():
+    name, learning = learner_settings("evospec:eagle+adamw@lr=3e-4,epochs=2,prompt_rows=0", LearnerConfig())
+    assert name == "evospec:eagle+adamw"
+    assert (learning.lr, learning.epochs, learning.prompt_rows) == (3e-4, 2, 0)
 
 
 @pytest.mark.parametrize(

@@ -211,7 +211,7 @@ def learner_settings(method: str, learning: LearnerConfig) -> tuple[str, Learner
     name, _, fields = method.partition("@")
     if not fields:
         return name, learning
-    types = {field.name: field.type for field in dataclasses.fields(LearnerConfig)}
+    types = {field.name: str(field.type).removesuffix(" | None") for field in dataclasses.fields(LearnerConfig)}
     values = {}
     for item in fields.split(","):
         key, _, value = item.partition("=")

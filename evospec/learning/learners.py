@@ -4,10 +4,11 @@ white-box drafter, or the adapters of a small LM).
 OnlineSPEC (arXiv 2603.12617) names the three: OGD (its Online-LR), optimistic OGD (Opt-Hydra: the
 previous gradient is the hint for the next, w <- w - lr * (2 g_t - g_{t-1}); or its momentum form)
 and an online ensemble of learning rates (Ens-Eagle: copies with lr, 2 lr, 4 lr weighted by Hedge,
-serving the weighted combination). Every learner keeps a bounded feedback buffer, steps on a
-schedule, and is guarded: a step with a non-finite loss or gradient is skipped, and when the
-drafter's rolling acceptance falls a margin below that of the last good weights, those weights come
-back.
+serving the weighted combination). AdamW steps each weight by its own gradient statistics, as
+OnlineSPEC's code trains its chunks and as warm-up trains the drafter. Every learner keeps a bounded
+feedback buffer, steps on a schedule, and is guarded: a step with a non-finite loss or gradient is
+skipped, and when the drafter's rolling acceptance falls a margin below that of the last good
+weights, those weights come back.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from evospec.config import DistillConfig
 from evospec.errors import EvospecError
 from evospec.learnable import LearnableDrafter, Trace
 from evospec.learning.buffer import FeedbackBuffer, packed, trace_of, window_spans
@@ -33,7 +35,7 @@ SCHEDULES = ("rounds", "request", "chunk")
 class LearnerConfig:
     """How a learner learns. Each default is defined here, once."""
 
-    lr: float = 0.5  # SGD step size (the ensemble's smallest); the best of 0.05..8 on a domain shift (benchmarks/)
+    lr: float | None = None  # step size (the ensemble's smallest); None: the learner's own default_lr
     schedule: str = "rounds"  # rounds: every `every` rounds; request: after each request; chunk: after `every` requests
     every: int = 24  # a step costs a few target steps on a CPU: learn from the new rows, not every round
     buffer_rows: int = 4096  # feedback rows kept; the oldest go first
@@ -55,7 +57,7 @@ class LearnerConfig:
     loss: LossConfig = field(default_factory=LossConfig)
 
     def __post_init__(self) -> None:
-        if not self.lr > 0:
+        if self.lr is not None and not self.lr > 0:
             raise EvospecError(f"learning rate must be > 0, got {self.lr}")
         if self.schedule not in SCHEDULES:
             raise EvospecError(f"unknown learning schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
@@ -135,10 +137,12 @@ class OnlineLearner:
     """Buffers feedback, steps when the schedule says, guards the drafter. Subclasses update the weights."""
 
     name = "base"
+    default_lr = 0.5  # SGD's step size: the best of 0.05..8 on a domain shift (benchmarks/)
 
     def __init__(self, drafter: LearnableDrafter, config: LearnerConfig) -> None:
         self.drafter = drafter
         self.config = config
+        self.lr = self.default_lr if config.lr is None else config.lr
         self.buffer = FeedbackBuffer(config.buffer_rows)
         self.stats = LearnerStats()
         self.guard = _Guard(config)
@@ -355,12 +359,55 @@ class OGDLearner(OnlineLearner):
             return None
         with torch.no_grad():
             for param, step in zip(_trainable(self.drafter.module), self.direction(grads)):
-                param.sub_(self.config.lr * step)
+                param.sub_(self.lr * step)
         return loss.item()
 
     def direction(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         """What the step subtracts, in units of lr: the gradient itself."""
         return grads
+
+
+class AdamWLearner(OnlineLearner):
+    """AdamW (torch.optim.AdamW) on the clipped gradients: each weight's step is scaled by its own
+    gradients' running moments, which carry over from step to step and request to request."""
+
+    name = "adamw"
+    default_lr = DistillConfig.lr  # warm-up's Adam step size
+
+    def __init__(self, drafter: LearnableDrafter, config: LearnerConfig) -> None:
+        super().__init__(drafter, config)
+        self.reset_optimizer()
+
+    def update(self, loss_of):
+        loss = loss_of(self.drafter.module)
+        grads = _gradients(self.drafter.module, loss, self.config.grad_clip)
+        if grads is None:
+            return None
+        for param, grad in zip(_trainable(self.drafter.module), grads):
+            param.grad = grad
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    def reset_optimizer(self) -> None:
+        self.optimizer = torch.optim.AdamW(_trainable(self.drafter.module), lr=self.lr)
+
+    def _optimizer_tensors(self) -> dict[str, torch.Tensor]:
+        return {
+            f"{index}.{key}": value
+            for index, state in self.optimizer.state_dict()["state"].items()
+            for key, value in state.items()
+        }
+
+    def _load_optimizer_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for name, value in tensors.items():
+            index, key = name.split(".", 1)
+            state.setdefault(int(index), {})[key] = value.clone()  # AdamW updates its moments in place
+        self.optimizer.load_state_dict({"state": state, "param_groups": self.optimizer.state_dict()["param_groups"]})
+
+    def _optimizer_nbytes(self) -> int:
+        return sum(value.nbytes for value in self._optimizer_tensors().values())
 
 
 class OptimisticLearner(OGDLearner):
@@ -421,7 +468,7 @@ class EnsembleLearner(OnlineLearner):
             losses.append(loss.item())
             with torch.no_grad():
                 for param, grad in zip(_trainable(module), grads):
-                    param.sub_(self.config.lr * scale * grad)
+                    param.sub_(self.lr * scale * grad)
         served = float((self.weights * torch.tensor(losses)).sum())  # the combination's expected online loss
         self.discounted_losses = self.config.hedge_discount * self.discounted_losses + torch.tensor(losses)
         self._serve_combination()
@@ -464,7 +511,7 @@ class EnsembleLearner(OnlineLearner):
 
 
 LEARNERS: dict[str, type[OnlineLearner]] = {
-    learner.name: learner for learner in (OGDLearner, OptimisticLearner, EnsembleLearner)
+    learner.name: learner for learner in (OGDLearner, OptimisticLearner, EnsembleLearner, AdamWLearner)
 }
 NO_LEARNER = "none"
 
