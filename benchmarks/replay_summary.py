@@ -3,22 +3,30 @@ reference method (the frozen drafter, or the best single arm in hindsight), tau 
 seconds, and projected tokens/s against the reference under every profile.
 
     python benchmarks/replay_summary.py RESULTS.json [--against METHOD]   (default: the fewest-rounds evospec: method)
+
+Several results files of replays over the same stream (e.g. methods split across processes) make one
+table; --plot PNG draws their tau per block together.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+
+from evospec.bench.report import plot_blocks
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", help="results.json files of replays over the same stream")
     parser.add_argument("--against", help="the reference method (default: the single drafter with the fewest rounds)")
+    parser.add_argument("--plot", type=Path, help="also draw tau per block of every method in this PNG")
     args = parser.parse_args()
-    methods = {}
-    for path in args.results:
-        methods.update(json.load(open(path))["methods"])
+    runs = [json.loads(Path(path).read_text()) for path in args.results]
+    methods = {name: fields for run in runs for name, fields in run["methods"].items()}
+    if args.plot:
+        plot_blocks({**runs[0], "methods": methods}, args.plot)
     singles = [name for name in methods if name.startswith("evospec:")]
     against = args.against or min(singles, key=lambda name: methods[name]["rounds"])
     reference = methods[against]
