@@ -63,8 +63,8 @@ def test_online_loss_falls_and_acceptance_rises_on_a_fixed_stream(
     sharp_target, kind, name, passes, loss_ratio, gain, seed
 ):
     """The white-box drafter, and the small LM through its adapters (OSD's setting), over a few passes
-    of the same prompts. Over seeds 0-9 the loss ratio was at most 0.77 (eagle, OGD), 0.70 (eagle,
-    AdamW) and 0.87 (lora), and the gain in acceptance at least 0.07, 0.166 and 0.036."""
+    of the same prompts. Over seeds 0-9 the loss ratio was at most 0.76 (eagle, OGD), 0.70 (eagle,
+    AdamW) and 0.87 (lora), and the gain in acceptance at least 0.056, 0.166 and 0.036."""
     torch.manual_seed(seed)
     drafter = adapted_lm(sharp_target, seed=1 + seed) if kind == "lora" else white_box(kind, sharp_target, seed)
     learner = build_learner(name, drafter, LearnerConfig(every=4, batch_rows=128))
