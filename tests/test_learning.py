@@ -56,18 +56,22 @@ SEEDS = range(int(os.environ.get("EVOSPEC_LEARNING_SEEDS", "1")))
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize(
-    ("kind", "name", "passes", "loss_ratio", "gain"),
-    [("eagle", "ogd", 4, 0.85, 0.04), ("eagle", "adamw", 4, 0.80, 0.10), ("lora", "ogd", 6, 0.92, 0.02)],
+    ("kind", "name", "lr", "passes", "loss_ratio", "gain"),
+    [
+        ("eagle", "ogd", None, 4, 0.85, 0.04),
+        ("eagle", "adamw", 1e-3, 4, 0.80, 0.10),  # a random head learns at warm-up's rate
+        ("lora", "ogd", None, 6, 0.92, 0.02),
+    ],
 )
 def test_online_loss_falls_and_acceptance_rises_on_a_fixed_stream(
-    sharp_target, kind, name, passes, loss_ratio, gain, seed
+    sharp_target, kind, name, lr, passes, loss_ratio, gain, seed
 ):
     """The white-box drafter, and the small LM through its adapters (OSD's setting), over a few passes
     of the same prompts. Over seeds 0-9 the loss ratio was at most 0.76 (eagle, OGD), 0.70 (eagle,
     AdamW) and 0.87 (lora), and the gain in acceptance at least 0.056, 0.166 and 0.036."""
     torch.manual_seed(seed)
     drafter = adapted_lm(sharp_target, seed=1 + seed) if kind == "lora" else white_box(kind, sharp_target, seed)
-    learner = build_learner(name, drafter, LearnerConfig(every=4, batch_rows=128))
+    learner = build_learner(name, drafter, LearnerConfig(lr=lr, every=4, batch_rows=128))
     engine = Engine(CachedLM(sharp_target.model), [drafter], frozenset(), 256, learners=[learner])
     _, stats = run(engine, random_prompts(4, seed=seed) * passes, max_new_tokens=48)
     losses = learner.stats.losses
