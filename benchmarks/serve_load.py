@@ -191,18 +191,15 @@ def by_replica(done: list[dict]) -> dict[str, dict]:
         taus = [row["tau"] for row in rows if row["tau"] is not None]
         return round(sum(taus) / len(taus), 4) if taus else None
 
-    replicas = sorted({row["replica"] for row in done})
-    return {
-        str(replica): {
-            "requests": sum(row["replica"] == replica for row in done),
+    summary = {}
+    for replica in sorted({row["replica"] for row in done}):
+        versions = [row["drafter_version"] for row in done if row["replica"] == replica]
+        summary[str(replica)] = {
+            "requests": len(versions),
             "tau_by_quarter": [mean_tau([row for row in quarter if row["replica"] == replica]) for quarter in quarters],
-            "drafter_versions": [
-                min(row["drafter_version"] for row in done if row["replica"] == replica),
-                max(row["drafter_version"] for row in done if row["replica"] == replica),
-            ],
+            "drafter_versions": [min(versions), max(versions)],
         }
-        for replica in replicas
-    }
+    return summary
 
 
 def plot_tau(done: list[dict], path: Path) -> None:
