@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING
 from evospec.bench import SUITES
 from evospec.config import BACKENDS, DEFAULT_DTYPE, DTYPES, GenerationConfig, LoadConfig, SamplingConfig
 from evospec.errors import EvospecError
-from evospec.learning.learners import LEARNERS, NO_LEARNER, SCHEDULES, AdamWLearner, LearnerConfig, OnlineLearner
+from evospec.learning.learners import SCHEDULES, AdamWLearner, LearnerConfig, OnlineLearner
+from evospec.learning.preference import StepPreferenceLearner
+from evospec.learning.registry import LEARNERS, NO_LEARNER, STEP_LEARNERS
+from evospec.reasoning.steps import StepConfig
 from evospec.serve.config import ClusterConfig, ServerConfig
 
 if TYPE_CHECKING:
@@ -27,6 +30,7 @@ LEARNING = LearnerConfig()
 DEFAULT_SAMPLING = SamplingConfig()
 SERVER = ServerConfig()
 CLUSTER = ClusterConfig()
+STEPS = StepConfig()
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b-instruct"
 DEMO_K = 64  # long drafts: where a CPU gains from speculation
@@ -84,12 +88,49 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     learning = parser.add_argument_group("online learning (eagle, hydra and lora:MODEL drafters)")
     learning.add_argument(
         "--learner",
-        choices=[NO_LEARNER, *LEARNERS],
+        choices=[NO_LEARNER, *LEARNERS, *STEP_LEARNERS],
         default=NO_LEARNER,
-        help="train every learnable drafter while it serves (default: none, frozen)",
+        help="train every learnable drafter while it serves (default: none, frozen); "
+        f"{' and '.join(STEP_LEARNERS)} learn from judged reasoning steps (--reasoning-speculation)",
     )
     _add_learning_options(learning)
+    _add_step_options(parser)
     _add_generation_options(parser)
+
+
+def _add_step_options(parser: argparse.ArgumentParser) -> None:
+    steps = parser.add_argument_group("step-level speculation for reasoning (lossy, opt-in)")
+    steps.add_argument(
+        "--reasoning-speculation",
+        action="store_true",
+        help="the small-LM drafter writes each reasoning step, the target writes its own, and a judge "
+        "decides whether the drafter's may stand; kept drafter steps change the output. A server "
+        "takes it per request too (reasoning_speculation)",
+    )
+    steps.add_argument(
+        "--judge",
+        choices=["target", "embedding"],
+        default=STEPS.judge,
+        help="target: the target answers a judge prompt; embedding: all-MiniLM-L6-v2 cosine similarity",
+    )
+    steps.add_argument(
+        "--similarity", type=float, default=STEPS.similarity, help="the embedding judge's cosine threshold"
+    )
+    steps.add_argument(
+        "--step-delimiter",
+        default=STEPS.delimiter,
+        help="text that ends a step (default: a paragraph break; escapes such as \\n are read)",
+    )
+    steps.add_argument("--max-step-tokens", type=int, default=STEPS.max_step_tokens, help="longest step")
+
+
+def _step_config(args: argparse.Namespace) -> StepConfig:
+    delimiter = args.step_delimiter
+    if "\\" in delimiter:  # typed on a command line: \n is a newline
+        delimiter = delimiter.encode().decode("unicode_escape")
+    return StepConfig(
+        delimiter=delimiter, max_step_tokens=args.max_step_tokens, judge=args.judge, similarity=args.similarity
+    )
 
 
 def _add_learning_options(group) -> None:
@@ -99,7 +140,7 @@ def _add_learning_options(group) -> None:
         type=float,
         default=LEARNING.lr,
         help=f"learning rate (the ensemble's smallest; default: {OnlineLearner.default_lr}, "
-        f"adamw {AdamWLearner.default_lr})",
+        f"adamw {AdamWLearner.default_lr}, {' and '.join(STEP_LEARNERS)} {StepPreferenceLearner.default_lr})",
     )
     group.add_argument(
         "--learn-schedule",
@@ -153,6 +194,7 @@ def _generation_config(args: argparse.Namespace, **overrides) -> GenerationConfi
         num_speculative_tokens=args.k,
         stop=tuple(getattr(args, "stop", None) or ()),
         sampling=sampling,
+        reasoning_speculation=getattr(args, "reasoning_speculation", False),
         **overrides,
     )
 
@@ -165,6 +207,9 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
     if args.selector and len(specs) < 2:
         raise EvospecError("--selector picks among several drafters: give --drafter more than once")
     learner_config = _learner_config(args)
+    step_config = _step_config(args) if args.reasoning_speculation else None
+    if args.learner in STEP_LEARNERS and step_config is None:
+        raise EvospecError(f"learner {args.learner!r} learns from judged reasoning steps: add --reasoning-speculation")
 
     def load(share: Share | None = None) -> TextGenerator:
         from evospec.drafters.registry import build_drafter
@@ -184,7 +229,11 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
             args.adaptive_k,
             share,
         )
-        return TextGenerator(target, engine)
+        if step_config is None:
+            return TextGenerator(target, engine)
+        from evospec.reasoning import build_step_speculator
+
+        return TextGenerator(target, engine, build_step_speculator(target, engine, step_config))
 
     return load
 
@@ -261,6 +310,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from evospec.serve.worker import Served
 
     cluster = _cluster_config(args)
+    if cluster is not None and args.reasoning_speculation:
+        raise EvospecError("--reasoning-speculation serves in one process; it does not run with --replicas")
     defaults = _generation_config(args)  # check everything before the server starts loading the model
     load_generator = _generator_loader(args, defaults)
     # The options are named as ServerConfig's fields.

@@ -40,6 +40,8 @@ class GenerationConfig:
     num_speculative_tokens: int = 4  # k: tokens drafted per round
     stop: tuple[str, ...] = ()  # generation ends before the first of these strings
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    # Step-level speculation (evospec.reasoning): a judged drafter step may stand for the target's. Lossy.
+    reasoning_speculation: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

@@ -55,6 +55,7 @@ class Engine:
         learners: Sequence[OnlineLearner] = (),
         forward_cost: ForwardCost | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        keep_prefix: bool = False,
     ) -> None:
         self.target = target
         self.clock = clock
@@ -78,6 +79,10 @@ class Engine:
         self.listeners = [*(d for d in drafters if d.needs_hidden_states), *self.learners]  # they get RoundFeedback
         self._reads_hidden = reads_hidden_states(drafters, self.learners)
         self._prompt_rows = max((learner.prompt_rows for learner in self.learners), default=0)
+        if keep_prefix and self._prompt_rows:
+            raise EvospecError("learners that learn from the prompt's rows need a prefill of the whole prompt")
+        self.keep_prefix = keep_prefix
+        self._cached: list[int] = []  # the tokens in the target's cache, when keep_prefix
         self.requests = 0
         self._awake: list[str] = []  # the drafters with something to draft in the current request
 
@@ -96,12 +101,12 @@ class Engine:
         start = self.clock()
         sampler = Sampler(config.sampling)
         context = list(prompt_ids)
-        self.target.reset()
+        kept, failed = self._reuse_cache(prompt_ids), False
         self._awake = [name for name, drafter in self.drafters.items() if drafter.begin(context, prediction)]
         if self._awake:  # the drafters with something to draft from in this request; without any, plain decoding
             self.selector.begin_request(self._awake)
         try:
-            passed, attempt = self._forward(context, stats, prefill=True), None  # the prefill drafts nothing
+            passed, attempt = self._forward(context[kept:], stats, prefill=True), None  # the prefill drafts nothing
             stats.prompt_tokens += len(prompt_ids)
             stats.prefill_s += self.clock() - start
             budget = config.max_new_tokens
@@ -132,13 +137,27 @@ class Engine:
                 attempt = self._draft(context, room, config, sampler) if self._awake else None
                 # 4. One target pass over the pending token and the draft: p at every position.
                 passed = self._forward([context[-1], *(attempt.draft.tokens.tolist() if attempt else [])], stats)
+        except Exception:
+            failed = True  # a pass that failed may have left the cache anywhere
+            raise
         finally:
             self.target.trim(len(context) - 1)  # an early stop leaves a cache that matches the context
+            self._cached = context[:-1] if self.keep_prefix and not failed else []
             learn_start = self.clock()
             for learner in self.learners:
                 learner.end_request()
             stats.learn_s += self.clock() - learn_start
             stats.wall_s += self.clock() - start
+
+    def _reuse_cache(self, prompt_ids: list[int]) -> int:
+        """How many of the prompt's first tokens the target's cache keeps (keep_prefix: those the last
+        request left there; the prompt's last token is fed again for its logits); the rest is forgotten."""
+        kept = min(common_prefix_length(self._cached, prompt_ids), len(prompt_ids) - 1) if self.keep_prefix else 0
+        if kept:
+            self.target.trim(kept)
+        else:
+            self.target.reset()
+        return kept
 
     def _forward(self, token_ids: list[int], stats: SpecStats, prefill: bool = False) -> TargetPass:
         """The target's pass over token_ids: logits (the last row only at the prefill), with hidden

@@ -4,6 +4,7 @@ detokenization and stop strings."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from evospec.config import GenerationConfig
 from evospec.cost import ForwardCost
@@ -12,10 +13,13 @@ from evospec.drafters import Drafter
 from evospec.drafters.prediction import PREDICTION
 from evospec.engine import Engine, reads_hidden_states
 from evospec.errors import EvospecError
-from evospec.learning import LEARNERS, NO_LEARNER, LearnerConfig, OnlineLearner, build_learner
+from evospec.learning import LEARNERS, NO_LEARNER, STEP_LEARNERS, LearnerConfig, OnlineLearner, build_learner
 from evospec.models.backend import LoadedModel
 from evospec.selection import DEFAULT_SELECTOR, Selector, build_selector
 from evospec.stats import SpecStats
+
+if TYPE_CHECKING:
+    from evospec.reasoning import StepSpeculator
 
 # Text, or chat messages ({"role": ..., "content": ...}) in order.
 Prompt = str | Sequence[Mapping[str, str]]
@@ -63,8 +67,9 @@ def build_engine_from_names(
     in their place is what it makes of them."""
     if selector and len(drafters) < 2:
         raise EvospecError(f"selector {selector!r} picks among several drafters, and there are {len(drafters)}")
-    if learner != NO_LEARNER and learner not in LEARNERS:
-        raise EvospecError(f"unknown learner {learner!r}; choose one of {NO_LEARNER}, {', '.join(LEARNERS)}")
+    if learner != NO_LEARNER and learner not in {**LEARNERS, **STEP_LEARNERS}:
+        known = ", ".join([NO_LEARNER, *LEARNERS, *STEP_LEARNERS])
+        raise EvospecError(f"unknown learner {learner!r}; choose one of {known}")
     names = [drafter.name for drafter in drafters]
     chosen = build_selector(selector or DEFAULT_SELECTOR, names) if len(drafters) > 1 else None
     cost, draft_length = timing(target, max_k, adaptive_k, chosen)
@@ -106,8 +111,9 @@ class TextStream:
         self.stats = SpecStats()
 
     def __iter__(self) -> Iterator[str]:
-        engine = self._generator.engine
-        decode = self._generator.tokenizer.decode
+        generator = self._generator
+        engine = generator.steps if self._config.reasoning_speculation else generator.engine
+        decode = generator.tokenizer.decode
         stops = self._config.stop
         hold = max((len(s) for s in stops), default=1) - 1  # a stop string may still be forming
         tokens = engine.generate(self.prompt_ids, self._config, self.stats, self.prediction_ids)
@@ -137,12 +143,14 @@ class TextStream:
 
 
 class TextGenerator:
-    """A loaded target and an engine on it (build_engine) behind a text interface."""
+    """A loaded target and an engine on it (build_engine) behind a text interface; with steps, a
+    step-level speculator for the requests that ask for it (reasoning_speculation)."""
 
-    def __init__(self, target: LoadedModel, engine: Engine) -> None:
+    def __init__(self, target: LoadedModel, engine: Engine, steps: StepSpeculator | None = None) -> None:
         self.target = target
         self.tokenizer = target.tokenizer
         self.engine = engine
+        self.steps = steps
 
     def stream(
         self, prompt: Prompt, config: GenerationConfig, chat: bool = False, prediction: str | None = None
@@ -151,6 +159,13 @@ class TextGenerator:
 
         prediction: text the output is expected to repeat much of (OpenAI Predicted Outputs), drafted
         by the prediction drafter, which the engine must have."""
+        if config.reasoning_speculation and self.steps is None:
+            raise EvospecError(
+                "step-level speculation (reasoning_speculation) needs a generator started with "
+                "--reasoning-speculation and a small-LM drafter"
+            )
+        if prediction and config.reasoning_speculation:
+            raise EvospecError("step-level speculation drafts with the drafter's steps; it takes no prediction")
         if prediction and PREDICTION not in self.engine.drafters:
             raise EvospecError(
                 f"a prediction is drafted by the '{PREDICTION}' drafter, and this generator has "

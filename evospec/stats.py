@@ -60,6 +60,11 @@ class SpecStats:
     learn_s: float = 0.0  # telling white-box drafters and learners what the target said, and learning
     wall_s: float = 0.0  # prefill included
     drafters: dict[str, DrafterStats] = field(default_factory=dict)  # per drafter (selector arm)
+    # Step-level speculation (evospec.reasoning): the drafter's steps, those kept, and the judge's seconds.
+    num_draft_steps: int = 0
+    num_accepted_steps: int = 0
+    num_identical_steps: int = 0  # of the kept steps, those that equal the target's token for token
+    judge_s: float = 0.0
 
     def record(self, draft: Draft, verdict: Verdict) -> None:
         self.num_verifications += 1
@@ -90,6 +95,15 @@ class SpecStats:
         for position, count in enumerate(other.num_accepted_tokens_per_pos):
             self.num_accepted_tokens_per_pos[position] += count
 
+    def merge_rounds(self, other: SpecStats) -> None:
+        """Add other's rounds (verifications, drafts, accepted tokens, per drafter) and their seconds,
+        its prefill counted as target time, but not its tokens or wall time: those of a generation
+        inside this one, whose tokens it may not emit (a step-level speculator's target steps)."""
+        tokens = (self.new_tokens, self.prompt_tokens, self.wall_s, self.prefill_s)
+        self.merge(other)
+        self.new_tokens, self.prompt_tokens, self.wall_s, self.prefill_s = tokens
+        self.target_s += other.prefill_s
+
     def _grow(self, positions: int) -> None:
         missing = positions - len(self.num_accepted_tokens_per_pos)
         self.num_accepted_tokens_per_pos.extend([0] * max(0, missing))
@@ -110,10 +124,15 @@ class SpecStats:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
 
     @property
+    def step_acceptance_rate(self) -> float | None:
+        """Kept / drafted steps; None without step-level speculation."""
+        return self.num_accepted_steps / self.num_draft_steps if self.num_draft_steps else None
+
+    @property
     def loop_overhead_us(self) -> float:
         """Microseconds per round spent outside the target, the drafters and the learners: the engine's own cost."""
         rounds = self.num_verifications
-        own = self.wall_s - self.prefill_s - self.target_s - self.draft_s - self.learn_s
+        own = self.wall_s - self.prefill_s - self.target_s - self.draft_s - self.learn_s - self.judge_s
         return 1e6 * own / rounds if rounds else 0.0
 
     @property
@@ -147,4 +166,15 @@ class SpecStats:
             "tokens_per_s": self.tokens_per_s,
             "decode_tokens_per_s": self.decode_tokens_per_s,
             "drafters": {name: arm.to_dict() for name, arm in self.drafters.items()},
+            **(
+                {
+                    "num_draft_steps": self.num_draft_steps,
+                    "num_accepted_steps": self.num_accepted_steps,
+                    "num_identical_steps": self.num_identical_steps,
+                    "step_acceptance_rate": self.step_acceptance_rate,
+                    "judge_s": self.judge_s,
+                }
+                if self.num_draft_steps
+                else {}
+            ),
         }

@@ -114,3 +114,20 @@ class RoundFeedback:
     def rejected(self) -> bool:
         """Whether the target rejected a drafted token this round (at the last row)."""
         return self.num_accepted < self.drafted.numel()
+
+
+@dataclass(frozen=True)
+class JudgedStep:
+    """One step of step-level speculation (evospec.reasoning): the drafter's step, the target's own
+    step from the same prefix, and the judge's verdict. A rejected step is a preference pair: the
+    target's step is preferred to the drafter's (what Online-LR learns from)."""
+
+    request: int  # which request of the stream this step belongs to
+    prefix: torch.Tensor  # [P] int64 the context both steps follow, prompt included
+    drafted: torch.Tensor  # [d] int64 the drafter's step
+    target: torch.Tensor  # [t] int64 the target's step
+    accepted: bool  # the judge found the drafter's step aligned with the target's: it is kept
+
+    @property
+    def identical(self) -> bool:
+        return torch.equal(self.drafted, self.target)

@@ -48,6 +48,10 @@ SMOL = "smollm2-135m-instruct"
         (["serve", "--target", SMOL, "--replay-rows", "-1"], "need epochs >= 1 and replay rows >= 0"),
         (["bench", "--learn-prompt-rows", "-1"], "prompt rows must be >= 0"),
         (["bench", "--suite", "learning"], "needs a white-box drafter checkpoint"),
+        (["generate", "hi", "--target", SMOL, "--learner", "dpo"], "add --reasoning-speculation"),
+        (["generate", "hi", "--target", SMOL, "--reasoning-speculation", "--max-step-tokens", "0"], "max-step-tokens"),
+        (["generate", "hi", "--target", SMOL, "--reasoning-speculation", "--similarity", "2"], "cosine"),
+        (["serve", "--target", SMOL, "--reasoning-speculation", "--replicas", "2"], "not run with --replicas"),
     ],
 )
 def test_bad_settings_fail_before_loading_anything(capsys, argv, message):
@@ -73,6 +77,15 @@ def test_bad_settings_fail_before_loading_anything(capsys, argv, message):
         (["generate", "hi", "--target", SMOL, "--drafter", "ngram", "--learner", "ogd"], "trains eagle, hydra or lora"),
         (["generate", "hi", "--target", SMOL, "--drafter", "eagle:/no/such/dir"], "not a drafter checkpoint"),
         (["generate", "hi", "--target", SMOL, "--drafter", "lora:"], "needs a model"),
+        (["generate", "hi", "--target", SMOL, "--reasoning-speculation"], "needs one drafter that writes steps"),
+        (
+            ["generate", "hi", "--target", SMOL, "--reasoning-speculation", "--drafter", "ngram"],
+            "needs one drafter that writes steps",
+        ),
+        (
+            ["generate", "hi", "--target", SMOL, "--drafter", "eagle", "--learner", "dpo", "--reasoning-speculation"],
+            "trains the small LM that writes reasoning steps",
+        ),
     ],
 )
 def test_bad_input_with_a_real_model(capsys, argv, message):
@@ -81,8 +94,10 @@ def test_bad_input_with_a_real_model(capsys, argv, message):
 
 
 @pytest.mark.slow
-def test_drafter_with_another_tokenizer_is_refused(capsys, foreign_tokenizer_model):
-    status, _, err = run_cli(capsys, "generate", "hi", "--target", SMOL, "--drafter", f"lm:{foreign_tokenizer_model}")
+@pytest.mark.parametrize("steps", [[], ["--reasoning-speculation"]])
+def test_drafter_with_another_tokenizer_is_refused(capsys, foreign_tokenizer_model, steps):
+    argv = ["generate", "hi", "--target", SMOL, "--drafter", f"lm:{foreign_tokenizer_model}", *steps]
+    status, _, err = run_cli(capsys, *argv)
     assert status == 2 and "another tokenizer" in err
 
 

@@ -28,7 +28,7 @@ LAYERS = [
     ("models",),
     ("drafters", "learning", "selection", "draft_length"),
     ("engine",),
-    ("generation",),
+    ("generation", "reasoning"),
     ("bench", "serve", "distill", "hf"),
     ("cli",),
 ]

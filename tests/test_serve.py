@@ -32,6 +32,7 @@ from evospec.errors import EvospecError
 from evospec.generation import TextGenerator, build_engine
 from evospec.learning import LearnerConfig, build_learner
 from evospec.models.loading import load_model
+from evospec.reasoning import StepConfig, StepSpeculator
 from evospec.selection import build_selector
 from evospec.serve.app import create_app
 from evospec.serve.config import ServerConfig
@@ -409,6 +410,41 @@ def test_a_prediction_needs_the_prediction_drafter(model_dir):
         )
         assert response.status_code == 400 and "--drafter prediction" in response.json()["error"]["message"]
         assert httpx.post(f"{url}/v1/chat/completions", json=CHAT).status_code == 200
+
+
+class KeepNoStep:
+    """A judge that keeps no drafted step: step-level speculation then answers as plain decoding."""
+
+    name = "keep-none"
+
+    def aligned(self, drafted: str, target: str) -> bool:
+        return False
+
+
+def test_a_reasoning_request_is_answered_by_step_level_speculation(model_dir, expected):
+    def load() -> Served:
+        target = load_model(model_dir, "hf", FP32)
+        drafter = build_drafter(f"lm:{model_dir}", target, FP32)
+        steps = StepSpeculator(target, drafter, KeepNoStep(), StepConfig(delimiter="w10", max_step_tokens=5))
+        return Served(TextGenerator(target, build_engine(target, [drafter]), steps))
+
+    with serving(ServerConfig(), load) as url:
+        wait_healthy(url)
+        body = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": MAX_NEW, "temperature": 0}
+        answer = httpx.post(f"{url}/v1/completions", json={**body, "reasoning_speculation": True}).json()
+        assert answer["choices"][0]["text"] == expected[PROMPTS[0]]["text"]
+        steps = answer["usage"]["spec_decode"]
+        assert steps["num_draft_steps"] >= MAX_NEW // 5 and steps["step_acceptance_rate"] is not None
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'evospec:reasoning_steps_total{verdict="rejected"}' in metrics
+        token_level = httpx.post(f"{url}/v1/completions", json=body).json()
+        assert "num_draft_steps" not in token_level["usage"]["spec_decode"]
+
+
+def test_a_reasoning_request_needs_a_server_that_speculates_by_steps(server):
+    body = {"model": MODEL, "prompt": "w1 w2", "max_tokens": 4, "reasoning_speculation": True}
+    response = httpx.post(f"{server}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
+    assert response.status_code == 400 and "--reasoning-speculation" in response.json()["error"]["message"]
 
 
 def test_concurrent_streaming_clients_each_get_their_own_complete_answer(server, expected):

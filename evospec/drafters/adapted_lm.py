@@ -99,3 +99,18 @@ class AdaptedLMDrafter(SmallLMDrafter):
             out.logits[0].float().cpu()
         )  # the loss reads the trace's CPU tensors; gradients flow back to the device
         return TrainingOutputs(logits=logits, rows=torch.arange(trace.length), features=None, feature_rows=None)
+
+    def step_log_likelihood(self, module: torch.nn.Module, prefix: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+        """log q(step | prefix), summed over the step's tokens, with module's adapter weights and the
+        last `context_tokens` tokens of prefix (at least one) as context; differentiable in them."""
+        context = prefix[max(0, len(prefix) - max(1, self.config.context_tokens)) :]
+        input_ids = torch.cat([context, step])[None].to(self.model.device)
+        weights = dict(zip(module.names, module.weights))
+        out = functional_call(
+            self.model,
+            weights,
+            args=(),
+            kwargs={"input_ids": input_ids, "use_cache": False, "logits_to_keep": step.numel() + 1},
+        )
+        log_probs = out.logits[0, :-1].float().log_softmax(-1)  # the rows that predict each step token
+        return log_probs.gather(-1, step.to(log_probs.device)[:, None]).sum()

@@ -53,6 +53,7 @@ class LearnerConfig:
     grad_clip: float = 1.0  # gradient norm cap
     rollback_margin: float = 0.15  # roll back when rolling acceptance is this far below the good weights'
     rollback_window: int = 64  # rounds of the drafter in the rolling acceptance
+    dpo_beta: float = 0.1  # dpo: how far from the reference the preference may move the drafter (OnlineSPEC's)
     loss: LossConfig = field(default_factory=LossConfig)
 
     def __post_init__(self) -> None:
@@ -68,6 +69,8 @@ class LearnerConfig:
             raise EvospecError(f"need epochs >= 1 and replay rows >= 0, got {self.epochs} and {self.replay_rows}")
         if self.prompt_rows < 0:
             raise EvospecError(f"prompt rows must be >= 0, got {self.prompt_rows}")
+        if not self.dpo_beta > 0:
+            raise EvospecError(f"the DPO beta must be > 0, got {self.dpo_beta}")
         if self.optimistic_form not in ("hint", "momentum"):
             raise EvospecError(f"optimistic form is 'hint' or 'momentum', got {self.optimistic_form!r}")
 
@@ -210,13 +213,16 @@ class OnlineLearner:
             self.stats.rollbacks += 1
             self.reset_optimizer()
         else:
-            rows = max(self.config.batch_rows, new_rows) + self.config.replay_rows
-            batches = _batches(self.buffer.recent(rows), self.config.batch_rows)
+            batches = self._recent_batches(max(self.config.batch_rows, new_rows) + self.config.replay_rows)
             order = torch.Generator().manual_seed(self.stats.steps)
             for epoch in range(self.config.epochs):
                 for index in range(len(batches)) if epoch == 0 else torch.randperm(len(batches), generator=order):
                     self._step(batches[index])
         self.stats.learn_s += time.perf_counter() - start
+
+    def _recent_batches(self, rows: int) -> list[list[Trace]]:
+        """The buffer's newest `rows` rows in batches of at most batch_rows rows."""
+        return _batches(self.buffer.recent(rows), self.config.batch_rows)
 
     def _learn_prompt(self) -> None:
         """The next step on the prompt's rows. The guard judges the weights at the next scheduled step."""
@@ -507,23 +513,3 @@ class EnsembleLearner(OnlineLearner):
 
     def _optimizer_nbytes(self) -> int:
         return sum(p.nbytes for module in self.copies for p in module.parameters())
-
-
-LEARNERS: dict[str, type[OnlineLearner]] = {
-    learner.name: learner for learner in (OGDLearner, OptimisticLearner, EnsembleLearner, AdamWLearner)
-}
-NO_LEARNER = "none"
-
-
-def build_learner(name: str, drafter: LearnableDrafter, config: LearnerConfig) -> OnlineLearner | None:
-    """The learner `name` (one of LEARNERS, or 'none') for a learnable drafter (white-box, or a small
-    LM with adapters)."""
-    if name == NO_LEARNER:
-        return None
-    if name not in LEARNERS:
-        raise EvospecError(f"unknown learner {name!r}; choose one of {NO_LEARNER}, {', '.join(LEARNERS)}")
-    if not drafter.learnable:
-        raise EvospecError(
-            f"drafter '{drafter.name}' cannot learn on line; learners train eagle, hydra and lora:MODEL drafters"
-        )
-    return LEARNERS[name](drafter, config)

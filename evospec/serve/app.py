@@ -223,7 +223,14 @@ def api_app(config: ServerConfig, model_name: str, engines: Engines, defaults: G
             )
         seed = body.seed if body.seed is not None else secrets.randbits(63)
         sampling = SamplingConfig(temperature=body.temperature, top_k=max(body.top_k, 0), top_p=body.top_p, seed=seed)
-        return replace(defaults, max_new_tokens=max_tokens, stop=tuple(body.stop or ()), sampling=sampling)
+        reasoning = defaults.reasoning_speculation if body.reasoning_speculation is None else body.reasoning_speculation
+        return replace(
+            defaults,
+            max_new_tokens=max_tokens,
+            stop=tuple(body.stop or ()),
+            sampling=sampling,
+            reasoning_speculation=reasoning,
+        )
 
     app.include_router(api)
     return app

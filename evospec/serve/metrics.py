@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.metrics_core import Metric
 
 from evospec.learning import OnlineLearner
+from evospec.learning.preference import StepPreferenceLearner
 from evospec.stats import SpecStats
 
 
@@ -53,6 +54,12 @@ class Metrics:
         self.learn_seconds = counter(
             "evospec:learn_seconds", "Seconds spent learning (and telling learners what the target said)."
         )
+        self.steps = counter(
+            "evospec:reasoning_steps",
+            "Steps the drafter wrote in step-level speculation, by what became of them.",
+            ("verdict",),
+        )
+        self.judge_seconds = counter("evospec:judge_seconds", "Seconds the step judge took.")
 
     def observe(self, stats: SpecStats, finished_reason: str) -> None:
         """Count one finished (or aborted) request."""
@@ -67,6 +74,12 @@ class Metrics:
             self.selector_pulls.labels(name).inc(arm.pulls)
         for position, count in enumerate(stats.num_accepted_tokens_per_pos):
             self.num_accepted_tokens_per_pos.labels(str(position)).inc(count)
+        if stats.num_draft_steps:
+            judged = stats.num_accepted_steps - stats.num_identical_steps
+            self.steps.labels("identical").inc(stats.num_identical_steps)
+            self.steps.labels("judged_aligned").inc(judged)
+            self.steps.labels("rejected").inc(stats.num_draft_steps - stats.num_accepted_steps)
+            self.judge_seconds.inc(stats.judge_s)
 
 
 class LearningMetrics:
@@ -84,6 +97,12 @@ class LearningMetrics:
             ("drafter", "outcome"),
             registry=registry,
         )
+        self.preference_pairs = Gauge(
+            "evospec:preference_pairs",
+            "Preference pairs (rejected reasoning steps) the step learners made, by drafter.",
+            ("drafter",),
+            registry=registry,
+        )
         self.state_sequence = Gauge(
             "evospec:state_sequence", "Number of the state last saved or loaded (0: none).", registry=registry
         )
@@ -99,6 +118,8 @@ class LearningMetrics:
                 ("rolled_back", stats.rollbacks),
             ):
                 self.learner_steps.labels(learner.drafter.name, outcome).set(count)
+            if isinstance(learner, StepPreferenceLearner):
+                self.preference_pairs.labels(learner.drafter.name).set(learner.pairs)
             if self._by_drafter:
                 self.drafter_version.labels(learner.drafter.name).set(learner.drafter.version)
         if not self._by_drafter:

