@@ -21,7 +21,15 @@ from evospec.reasoning import judges as judges_module
 from evospec.stats import SpecStats
 from evospec.types import JudgedStep
 
-from conftest import adapted_lm, random_prompts, reference_greedy, tiny_model, tiny_word_tokenizer, white_box
+from conftest import (
+    adapted_lm,
+    load_script,
+    random_prompts,
+    reference_greedy,
+    tiny_model,
+    tiny_word_tokenizer,
+    white_box,
+)
 
 DELIMITER = "w10"  # a word of the tiny vocabulary that no other word contains
 STEPS = StepConfig(delimiter=DELIMITER, max_step_tokens=6)
@@ -264,3 +272,20 @@ def test_a_sentence_model_that_fails_its_digest_is_not_kept(tmp_path, monkeypatc
     with pytest.raises(EvospecError, match="SHA-256"):
         judges_module.pull_minilm()
     assert not judges_module.minilm_dir().exists()
+
+
+def test_the_gsm8k_benchmark_reads_final_answers_and_compares_questions_every_method_answered():
+    script = load_script("reasoning_gsm8k")
+    assert script.final_number("so 3 + 4 = 7, and the answer is \\boxed{1,250}.") == 1250
+    assert script.final_number("She makes $18 a day.") == 18 and script.final_number("no number") is None
+    assert script.final_number("a loss: \\(\\boxed{-10000}\\)") == -10000
+    assert script.gold_number("Natalia sold 72 clips.\n#### 1,072") == 1072
+
+    def row(method: str, question: int, correct: bool) -> dict:
+        stats = SpecStats(new_tokens=10, wall_s=1.0, num_verifications=10)
+        return {"method": method, "question": question, "correct": correct, "stats": script.stats_record(stats)}
+
+    records = [row("target-alone", 0, True), row("reason", 0, False), row("target-alone", 1, True)]
+    summary = script.summarize(records, ["target-alone", "reason"], block_size=10, step_s=0.03)
+    assert summary["target-alone"]["questions"] == summary["reason"]["questions"] == 1  # question 1: one method only
+    assert summary["reason"]["accuracy_vs_plain_points"] == -100.0
