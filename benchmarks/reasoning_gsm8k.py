@@ -10,18 +10,21 @@ Methods (names as ../shared/benchmarks.md gives them):
 - target-alone: plain decoding of the target;
 - evospec: token-level speculation with the drafter (adaptive draft length);
 - reason@judge=J: step-level speculation, the frozen drafter writing steps, judge J (target | embedding);
+  reason@judge=J,same_numbers=true: a drafted step stands only if it states the target's step's numbers;
 - reason+dpo@judge=J, reason+osd@judge=J: the drafter's adapters learning on line from the judged
   steps, by DPO (Online-LR) or by cross-entropy on the target's steps (OSD-LR). Learning methods and
   `reason-lora` (the same adapted drafter, frozen) run the drafter on the hf backend.
 
 Every answer is written to answers.jsonl as it is made; results.json (the one shape) and results.png
-(accuracy and step acceptance per block) at the end. --resume goes on from answers.jsonl (frozen
-methods only: a learner's state is not kept between runs).
+(accuracy and step acceptance per block) at the end, or at Ctrl-C (SIGINT) for the questions answered
+so far. --resume goes on from answers.jsonl (frozen methods only: a learner's state is not kept
+between runs).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -144,7 +147,8 @@ class Methods:
         if name == "evospec":
             return build_engine(target, [self.drafter(f"lm:{args.drafter}")], AdaptiveDraftLength(self.cost))
         method, _, options = name.partition("@")
-        judge = dict(option.split("=", 1) for option in options.split(",") if option).get("judge", "target")
+        settings = dict(option.split("=", 1) for option in options.split(",") if option)
+        judge, same_numbers = settings.get("judge", "target"), settings.get("same_numbers") == "true"
         kind, _, learner = method.partition("+")
         if kind not in ("reason", "reason-lora") or (learner and learner not in LEARNERS):
             raise EvospecError(f"unknown method {name!r}")
@@ -157,7 +161,9 @@ class Methods:
             config = LearnerConfig(lr=args.lr, every=args.learn_every, epochs=args.learn_epochs)
             learners = [build_learner(LEARNERS[learner], drafter, config)]
             self.learners[name] = learners[0]
-        steps = StepConfig(judge=judge, similarity=args.similarity, max_step_tokens=args.max_step_tokens)
+        steps = StepConfig(
+            judge=judge, similarity=args.similarity, max_step_tokens=args.max_step_tokens, same_numbers=same_numbers
+        )
         return StepSpeculator(
             target,
             drafter,
@@ -344,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     load_average = os.getloadavg()[0]
     methods = Methods(args)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, num_speculative_tokens=args.k)
-    with log.open("a") as sink:
+    with log.open("a") as sink, contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the results so far
         for index in tqdm(chosen, desc="questions", unit="q"):
             prompt_ids = encode_prompt(methods.target, questions[index] + INSTRUCTION, chat=True)
             for name, runner in methods.runners.items():
@@ -378,7 +384,7 @@ def main(argv: list[str] | None = None) -> None:
         "temperature": 0.0,
         "stream": f"gsm8k-{args.split}[{args.start}:{args.start + args.n}]",
         "split": args.split,
-        "prompts": len(chosen),
+        "prompts": len({row["question"] for row in records}),  # answered (a Ctrl-C stops early)
         "max_new_tokens": args.max_new_tokens,
         "k": args.k,
         "threads": default_threads(),

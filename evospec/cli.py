@@ -122,6 +122,11 @@ def _add_step_options(parser: argparse.ArgumentParser) -> None:
         help="text that ends a step (default: a paragraph break; escapes such as \\n are read)",
     )
     steps.add_argument("--max-step-tokens", type=int, default=STEPS.max_step_tokens, help="longest step")
+    steps.add_argument(
+        "--same-numbers",
+        action="store_true",
+        help="keep a drafted step only if it states the numbers the target's step states (arithmetic)",
+    )
 
 
 def _step_config(args: argparse.Namespace) -> StepConfig:
@@ -129,7 +134,11 @@ def _step_config(args: argparse.Namespace) -> StepConfig:
     if "\\" in delimiter:  # typed on a command line: \n is a newline
         delimiter = delimiter.encode().decode("unicode_escape")
     return StepConfig(
-        delimiter=delimiter, max_step_tokens=args.max_step_tokens, judge=args.judge, similarity=args.similarity
+        delimiter=delimiter,
+        max_step_tokens=args.max_step_tokens,
+        judge=args.judge,
+        similarity=args.similarity,
+        same_numbers=args.same_numbers,
     )
 
 

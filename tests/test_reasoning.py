@@ -3,6 +3,7 @@ tiny fp32 models, and the embedding judge's real sentence-embedding model."""
 
 from __future__ import annotations
 
+import dataclasses
 import zipfile
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from evospec.models.hf import CachedLM
 from evospec.models.loading import BACKENDS
 from evospec.reasoning import EmbeddingJudge, StepConfig, StepSpeculator, TargetJudge
 from evospec.reasoning import judges as judges_module
+from evospec.reasoning.steps import numbers_in
 from evospec.stats import SpecStats
 from evospec.types import JudgedStep
 
@@ -91,10 +93,13 @@ def test_with_no_drafted_step_kept_the_output_is_plain_decoding(target, drafter_
         assert stats.new_tokens == len(tokens) and stats.num_verifications > 0
 
 
-def test_a_kept_step_is_the_drafters_own_where_both_steps_end_alike(target, drafter_model):
+@pytest.mark.parametrize("same_numbers", [False, True])
+def test_a_kept_step_is_the_drafters_own_where_both_steps_end_alike(target, drafter_model, same_numbers):
     """Against a reference written here: each step, both models' greedy steps from the same prefix;
-    the drafter's is kept when the judge says so and both end the same way."""
-    speculator = StepSpeculator(target, SmallLMDrafter(CachedLM(drafter_model), "lm:tiny"), Always(), STEPS)
+    the drafter's is kept when the judge says so and both end the same way (and, with same_numbers,
+    state the same numbers: here the numbers in the tiny vocabulary's words)."""
+    config = dataclasses.replace(STEPS, same_numbers=same_numbers)
+    speculator = StepSpeculator(target, SmallLMDrafter(CachedLM(drafter_model), "lm:tiny"), Always(), config)
     tokenizer, eos = target.tokenizer, target.eos_token_ids
     kept_drafted, judged_kept = 0, 0
     for prompt in random_prompts(5, seed=4):
@@ -105,12 +110,20 @@ def test_a_kept_step_is_the_drafters_own_where_both_steps_end_alike(target, draf
             room = min(MAX_NEW - len(expected), STEPS.max_step_tokens)
             drafted = greedy_step(drafter_model, context, room, tokenizer, eos)
             written = greedy_step(target.model, context, room, tokenizer, eos)
-            step = drafted[0] if drafted[1] == written[1] else written[0]
+            numbers = [numbers_in(tokenizer.decode(side[0])) for side in (drafted, written)]
+            keep = drafted[1] == written[1] and (not same_numbers or numbers[0] == numbers[1])
+            step = drafted[0] if keep else written[0]
             kept_drafted += step != written[0]
             expected += step
             context += step
         assert tokens == expected[:MAX_NEW]
-    assert kept_drafted > 0 and judged_kept > 0  # the drafter's steps did differ from the target's, and stood
+    assert judged_kept == kept_drafted  # every kept step that differs from the target's was judged
+    assert kept_drafted > 0 or same_numbers  # without the guard, the drafter's different steps stood
+
+
+def test_numbers_are_read_as_a_step_states_them():
+    assert numbers_in("So 16 - 3 = 13 eggs; 1,250 + 2.5") == numbers_in("2.5 + 1250, and 16 - 3 = 13")
+    assert numbers_in("16 - 3 = 13") != numbers_in("16 - 3 = 12")
 
 
 def test_a_drafted_step_the_target_agrees_with_is_verified_in_few_passes(target):

@@ -14,7 +14,9 @@ the target's versions of several drafted steps in one batch, which is not built.
 
 from __future__ import annotations
 
+import re
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -43,6 +45,9 @@ class StepConfig:
     max_step_tokens: int = 256  # a longer step ends here
     judge: str = "target"  # one of reasoning.judges.JUDGES
     similarity: float = 0.95  # the embedding judge's cosine threshold
+    # A drafted step stands only if it states the numbers the target's step states (for arithmetic,
+    # where a judge may take a wrong result for the right one); off: the judge alone decides.
+    same_numbers: bool = False
 
     def __post_init__(self) -> None:
         if not self.delimiter:
@@ -61,6 +66,11 @@ class StepLearner(Protocol):
     def observe_step(self, step: JudgedStep) -> None: ...
 
     def end_request(self) -> None: ...
+
+
+def numbers_in(text: str) -> Counter[str]:
+    """The numbers a text states, as a multiset (thousands separators dropped, so 1,250 is 1250)."""
+    return Counter(re.findall(r"\d+(?:\.\d+)?", re.sub(r"(?<=\d),(?=\d{3})", "", text)))
 
 
 def build_step_speculator(target: LoadedModel, engine: Engine, config: StepConfig) -> StepSpeculator:
@@ -213,6 +223,9 @@ class StepSpeculator:
             return False
         start = time.perf_counter()
         drafted_text, written_text = self.tokenizer.decode(drafted.tokens), self.tokenizer.decode(written.tokens)
+        if self.config.same_numbers and numbers_in(drafted_text) != numbers_in(written_text):
+            stats.judge_s += time.perf_counter() - start
+            return False
         aligned = " ".join(drafted_text.split()).lower() == " ".join(written_text.split()).lower() or (
             self.judge.aligned(drafted_text, written_text)
         )
