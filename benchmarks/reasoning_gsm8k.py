@@ -259,7 +259,7 @@ def summarize(records: list[dict], methods: list[str], block_size: int, step_s: 
             continue
         summary[method] = fields(rows)
         summary[method]["per_block"] = [
-            {"block": f"{start}-{start + block_size}", **fields(rows[start : start + block_size])}
+            {"block": f"{start}-{min(start + block_size, len(rows)) - 1}", **fields(rows[start : start + block_size])}
             for start in range(0, len(rows), block_size)
         ]
     plain = summary.get("target-alone")
@@ -289,17 +289,18 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    scored = any(entry["accuracy"] is not None for entry in results["methods"].values())
+    figure, axes = plt.subplots(1, 2 if scored else 1, figsize=(11 if scored else 6, 4.2), squeeze=False)
+    panels = dict(zip(("accuracy", "step_acceptance")[not scored :], axes[0]))
+    titles = {"accuracy": "final-answer accuracy", "step_acceptance": "step acceptance (kept / drafted steps)"}
     for name, entry in results["methods"].items():
-        blocks = entry["per_block"]
-        if entry["accuracy"] is not None:
-            left.plot([block["accuracy"] for block in blocks], marker="o", label=name)
-        if entry["step_acceptance"] is not None:
-            right.plot([block["step_acceptance"] for block in blocks], marker="o", label=name)
+        for key, axis in panels.items():
+            if entry[key] is not None:
+                axis.plot([block[key] for block in entry["per_block"]], marker="o", label=name)
     labels = [block["block"] for block in next(iter(results["methods"].values()))["per_block"]]
-    for axis, title in ((left, "final-answer accuracy"), (right, "step acceptance (kept / drafted steps)")):
+    for key, axis in panels.items():
         axis.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
-        axis.set_title(title)
+        axis.set_title(titles[key])
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
     figure.suptitle(f"{results['target']} with {results['drafter']}: GSM8K {results['split']}, per block of questions")
