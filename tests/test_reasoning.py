@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from evospec.config import GenerationConfig
+from evospec.config import GenerationConfig, SamplingConfig
 from evospec.drafters.small_lm import SmallLMDrafter
 from evospec.engine import Engine
 from evospec.errors import EvospecError
@@ -134,6 +134,18 @@ def test_a_drafted_step_the_target_agrees_with_is_verified_in_few_passes(target)
         total.merge(generate(speculator, prompt, k=8)[1])
     assert total.num_identical_steps == total.num_accepted_steps == total.num_draft_steps
     assert total.num_verifications <= 2 * total.num_draft_steps and total.tau > 2
+
+
+def test_sampled_steps_repeat_with_their_seed_and_differ_without_it(target, drafter_model):
+    speculator = StepSpeculator(target, SmallLMDrafter(CachedLM(drafter_model), "lm:tiny"), Never(), STEPS)
+    prompt = random_prompts(1, seed=12)[0]
+
+    def sampled(seed: int) -> list[int]:
+        config = GenerationConfig(max_new_tokens=MAX_NEW, sampling=SamplingConfig(temperature=1.0, seed=seed))
+        return list(speculator.generate(prompt, config, SpecStats()))
+
+    assert sampled(1) == sampled(1)
+    assert len({tuple(sampled(seed)) for seed in range(4)}) > 1
 
 
 def test_the_target_writes_each_step_on_the_cache_of_the_last(target, drafter_model):

@@ -18,7 +18,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -155,7 +155,7 @@ class StepSpeculator:
             while budget > 0 and len(context) < self.target.context_length:
                 room = min(budget, self.config.max_step_tokens, self.target.context_length - len(context))
                 drafted = self._drafter_step(context, room, sampler, stats)
-                written = self._target_step(context, drafted, room, config, stats)
+                written = self._target_step(context, drafted, room, config, stats.num_draft_steps, stats)
                 accepted = self._judge(drafted, written, stats)
                 self._teach(context, drafted, written, accepted, stats)
                 for token in (drafted if accepted else written).tokens:
@@ -191,13 +191,17 @@ class StepSpeculator:
         return Step(tokens, ending)
 
     def _target_step(
-        self, context: list[int], drafted: Step, room: int, config: GenerationConfig, stats: SpecStats
+        self, context: list[int], drafted: Step, room: int, config: GenerationConfig, index: int, stats: SpecStats
     ) -> Step:
-        """The target's own next step, by speculative decoding with the drafter's step as the draft."""
+        """The target's own next step, by speculative decoding with the drafter's step as the draft
+        (exact rejection sampling when sampling: the draft's q is one-hot); index: the step's number,
+        which gives each step's draws a seed of their own."""
         step_stats = SpecStats()
         tokens: list[int] = []
         step_config = GenerationConfig(
-            max_new_tokens=room, num_speculative_tokens=config.num_speculative_tokens, sampling=config.sampling
+            max_new_tokens=room,
+            num_speculative_tokens=config.num_speculative_tokens,
+            sampling=replace(config.sampling, seed=config.sampling.seed + index),
         )
         generation = self.engine.generate(context, step_config, step_stats, drafted.tokens)
         try:
