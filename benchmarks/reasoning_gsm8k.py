@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from evospec.bench.report import aggregate
 from evospec.bench.traces import SHIPPED, dataset_prompts
 from evospec.config import GenerationConfig, LoadConfig
 from evospec.cost import cost_profile, profile_cost
@@ -233,17 +234,9 @@ def summarize(records: list[dict], methods: list[str], block_size: int, step_s: 
         return {
             "accuracy": None if rows[0]["correct"] is None else sum(row["correct"] for row in rows) / len(rows),
             "step_acceptance": total.step_acceptance_rate,
-            "tokens_per_s": total.tokens_per_s,
-            "decode_tokens_per_s": total.decode_tokens_per_s,
-            "tau": total.tau,
-            "acceptance_rate": total.acceptance_rate,
-            "rounds": total.num_verifications,
-            "new_tokens": total.new_tokens,
-            "wall_s": total.wall_s,
-            "draft_s": total.draft_s,
+            **aggregate([total]),
             "target_s": total.target_s,
             "judge_s": total.judge_s,
-            "learn_s": total.learn_s,
             "draft_steps": total.num_draft_steps,
             "accepted_steps": total.num_accepted_steps,
             "identical_steps": total.num_identical_steps,

@@ -14,12 +14,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evospec.bench import SUITES
-from evospec.config import BACKENDS, DEFAULT_DTYPE, DTYPES, GenerationConfig, LoadConfig, SamplingConfig
+from evospec.config import (
+    BACKENDS,
+    DEFAULT_DTYPE,
+    DTYPES,
+    JUDGE_KINDS,
+    GenerationConfig,
+    LoadConfig,
+    SamplingConfig,
+    StepConfig,
+)
 from evospec.errors import EvospecError
 from evospec.learning.learners import SCHEDULES, AdamWLearner, LearnerConfig, OnlineLearner
 from evospec.learning.preference import StepPreferenceLearner
 from evospec.learning.registry import LEARNERS, NO_LEARNER, STEP_LEARNERS
-from evospec.reasoning.steps import StepConfig
 from evospec.serve.config import ClusterConfig, ServerConfig
 
 if TYPE_CHECKING:
@@ -109,7 +117,7 @@ def _add_step_options(parser: argparse.ArgumentParser) -> None:
     )
     steps.add_argument(
         "--judge",
-        choices=["target", "embedding"],
+        choices=JUDGE_KINDS,
         default=STEPS.judge,
         help="target: the target answers a judge prompt; embedding: all-MiniLM-L6-v2 cosine similarity",
     )

@@ -1,6 +1,6 @@
 """Frozen settings that several parts share (sampling, generation, loading, n-gram drafting, warm-up
-training); each default is defined once. A part's own settings live beside it (e.g. SuffixConfig,
-AdaptiveConfig, SelectorConfig, LearnerConfig, LlamaCppConfig, ServerConfig)."""
+training, step-level speculation); each default is defined once. A part's own settings live beside it
+(e.g. SuffixConfig, AdaptiveConfig, SelectorConfig, LearnerConfig, LlamaCppConfig, ServerConfig)."""
 
 from __future__ import annotations
 
@@ -124,3 +124,31 @@ class DistillConfig:
             raise EvospecError(f"grad-clip must be > 0, got {self.grad_clip}")
         if self.start_from is not None and self.head_vocab is not None:
             raise EvospecError("--head-vocab sizes a new drafter; --from keeps its checkpoint's vocabulary")
+
+
+# How a drafted reasoning step is judged (evospec.reasoning.judges): by the target on a judge prompt, or
+# by sentence embeddings.
+JUDGE_KINDS = ("target", "embedding")
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """How step-level speculation (evospec.reasoning) cuts and judges steps. Each default is defined here, once."""
+
+    delimiter: str = "\n\n"  # a step ends with the token that completes this text (after its first words)
+    max_step_tokens: int = 256  # a longer step ends here
+    judge: str = "target"  # one of JUDGE_KINDS
+    similarity: float = 0.95  # the embedding judge's cosine threshold
+    # A drafted step stands only if it states the numbers the target's step states (for arithmetic,
+    # where a judge may take a wrong result for the right one); off: the judge alone decides.
+    same_numbers: bool = False
+
+    def __post_init__(self) -> None:
+        if self.judge not in JUDGE_KINDS:
+            raise EvospecError(f"unknown judge {self.judge!r}; choose one of {', '.join(JUDGE_KINDS)}")
+        if not self.delimiter:
+            raise EvospecError("the step delimiter must not be empty")
+        if self.max_step_tokens < 1:
+            raise EvospecError(f"max-step-tokens must be >= 1, got {self.max_step_tokens}")
+        if not -1.0 <= self.similarity <= 1.0:
+            raise EvospecError(f"the similarity threshold is a cosine in [-1, 1], got {self.similarity}")

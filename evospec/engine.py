@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +31,20 @@ class TargetPass:
     hidden: torch.Tensor | None  # [n, H] final hidden states, when a listener reads them
     prompt: PromptPass | None  # the prefill's view of the prompt's last rows, when learners learn from them
     seconds: float
+
+
+def emit(
+    tokens: Sequence[int], context: list[int], stats: SpecStats, eos_token_ids: frozenset[int]
+) -> Generator[int, None, bool]:
+    """Append tokens to context and yield each once counted as emitted -> whether one of them was an
+    end-of-generation token (the ones after it are not emitted)."""
+    for token in tokens:
+        context.append(token)
+        stats.new_tokens += 1
+        yield token
+        if token in eos_token_ids:
+            return True
+    return False
 
 
 def reads_hidden_states(drafters: Sequence[Drafter], learners: Sequence[OnlineLearner]) -> bool:
@@ -123,13 +137,10 @@ class Engine:
                     )
                 # 2. The cache keeps the pending token and the accepted drafts; the new last token is pending.
                 self.target.trim(len(context) + verdict.num_accepted)
-                for token in verdict.emitted[:budget]:
-                    context.append(token)
-                    stats.new_tokens += 1
-                    budget -= 1
-                    yield token
-                    if token in self.eos_token_ids:
-                        return
+                emitted = verdict.emitted[:budget]
+                if (yield from emit(emitted, context, stats, self.eos_token_ids)):
+                    return
+                budget -= len(emitted)
                 if budget == 0 or len(context) >= self.context_length:
                     return
                 # 3. A selected drafter drafts no more than the budget, the window and the draft-length policy allow.

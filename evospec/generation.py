@@ -13,7 +13,8 @@ from evospec.drafters import Drafter
 from evospec.drafters.prediction import PREDICTION
 from evospec.engine import Engine, reads_hidden_states
 from evospec.errors import EvospecError
-from evospec.learning import LEARNERS, NO_LEARNER, STEP_LEARNERS, LearnerConfig, OnlineLearner, build_learner
+from evospec.learning import NO_LEARNER, LearnerConfig, OnlineLearner, build_learner
+from evospec.learning.registry import learner_kind
 from evospec.models.backend import LoadedModel
 from evospec.selection import DEFAULT_SELECTOR, Selector, build_selector
 from evospec.stats import SpecStats
@@ -67,9 +68,8 @@ def build_engine_from_names(
     in their place is what it makes of them."""
     if selector and len(drafters) < 2:
         raise EvospecError(f"selector {selector!r} picks among several drafters, and there are {len(drafters)}")
-    if learner != NO_LEARNER and learner not in {**LEARNERS, **STEP_LEARNERS}:
-        known = ", ".join([NO_LEARNER, *LEARNERS, *STEP_LEARNERS])
-        raise EvospecError(f"unknown learner {learner!r}; choose one of {known}")
+    if learner != NO_LEARNER:
+        learner_kind(learner)  # an unknown name fails before anything is built
     names = [drafter.name for drafter in drafters]
     chosen = build_selector(selector or DEFAULT_SELECTOR, names) if len(drafters) > 1 else None
     cost, draft_length = timing(target, max_k, adaptive_k, chosen)

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from evospec.config import GenerationConfig, SamplingConfig
+from evospec.config import JUDGE_KINDS, GenerationConfig, SamplingConfig
 from evospec.drafters.small_lm import SmallLMDrafter
 from evospec.engine import Engine
 from evospec.errors import EvospecError
 from evospec.learning import LearnerConfig, build_learner
 from evospec.models.hf import CachedLM
 from evospec.models.loading import BACKENDS
-from evospec.reasoning import EmbeddingJudge, StepConfig, StepSpeculator, TargetJudge
+from evospec.reasoning import JUDGES, EmbeddingJudge, StepConfig, StepSpeculator, TargetJudge
 from evospec.reasoning import judges as judges_module
 from evospec.reasoning.steps import numbers_in
 from evospec.stats import SpecStats
@@ -181,6 +181,9 @@ def test_step_settings_are_checked():
         StepConfig(similarity=1.5)
     with pytest.raises(EvospecError, match="delimiter"):
         StepConfig(delimiter="")
+    with pytest.raises(EvospecError, match="unknown judge"):
+        StepConfig(judge="oracle")
+    assert set(JUDGES) == set(JUDGE_KINDS)  # every judge a StepConfig may name is built by the registry
 
 
 def judged(prefix: list[int], drafted: list[int], written: list[int], accepted: bool = False) -> JudgedStep:

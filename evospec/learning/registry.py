@@ -23,16 +23,22 @@ STEP_LEARNERS: dict[str, type[OnlineLearner]] = {learner.name: learner for learn
 NO_LEARNER = "none"
 
 
+def learner_kind(name: str) -> type[OnlineLearner]:
+    """The learner class `name` names (one of LEARNERS or STEP_LEARNERS); an unknown name is a clear error."""
+    known = {**LEARNERS, **STEP_LEARNERS}
+    if name not in known:
+        raise EvospecError(f"unknown learner {name!r}; choose one of {', '.join([NO_LEARNER, *known])}")
+    return known[name]
+
+
 def build_learner(name: str, drafter: LearnableDrafter, config: LearnerConfig) -> OnlineLearner | None:
     """The learner `name` (one of LEARNERS or STEP_LEARNERS, or 'none') for a learnable drafter
     (white-box, or a small LM with adapters)."""
     if name == NO_LEARNER:
         return None
-    known = {**LEARNERS, **STEP_LEARNERS}
-    if name not in known:
-        raise EvospecError(f"unknown learner {name!r}; choose one of {NO_LEARNER}, {', '.join(known)}")
+    kind = learner_kind(name)
     if not drafter.learnable:
         raise EvospecError(
             f"drafter '{drafter.name}' cannot learn on line; learners train eagle, hydra and lora:MODEL drafters"
         )
-    return known[name](drafter, config)
+    return kind(drafter, config)

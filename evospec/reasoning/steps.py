@@ -23,11 +23,11 @@ from typing import Protocol
 
 import torch
 
-from evospec.config import GenerationConfig
+from evospec.config import GenerationConfig, StepConfig
 from evospec.draft_length import AdaptiveDraftLength, DraftLength
 from evospec.drafters.prediction import PredictionDrafter
 from evospec.drafters.small_lm import SmallLMDrafter
-from evospec.engine import Engine
+from evospec.engine import Engine, emit
 from evospec.errors import EvospecError
 from evospec.learning.preference import StepPreferenceLearner
 from evospec.models.backend import LoadedModel
@@ -35,27 +35,6 @@ from evospec.reasoning.judges import Judge, build_judge
 from evospec.sampling import Sampler
 from evospec.stats import SpecStats
 from evospec.types import JudgedStep
-
-
-@dataclass(frozen=True)
-class StepConfig:
-    """How steps are cut and judged. Each default is defined here, once."""
-
-    delimiter: str = "\n\n"  # a step ends with the token that completes this text (after its first words)
-    max_step_tokens: int = 256  # a longer step ends here
-    judge: str = "target"  # one of reasoning.judges.JUDGES
-    similarity: float = 0.95  # the embedding judge's cosine threshold
-    # A drafted step stands only if it states the numbers the target's step states (for arithmetic,
-    # where a judge may take a wrong result for the right one); off: the judge alone decides.
-    same_numbers: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.delimiter:
-            raise EvospecError("the step delimiter must not be empty")
-        if self.max_step_tokens < 1:
-            raise EvospecError(f"max-step-tokens must be >= 1, got {self.max_step_tokens}")
-        if not -1.0 <= self.similarity <= 1.0:
-            raise EvospecError(f"the similarity threshold is a cosine in [-1, 1], got {self.similarity}")
 
 
 class StepLearner(Protocol):
@@ -158,13 +137,10 @@ class StepSpeculator:
                 written = self._target_step(context, drafted, room, config, stats.num_draft_steps, stats)
                 accepted = self._judge(drafted, written, stats)
                 self._teach(context, drafted, written, accepted, stats)
-                for token in (drafted if accepted else written).tokens:
-                    context.append(token)
-                    stats.new_tokens += 1
-                    budget -= 1
-                    yield token
-                    if token in self.eos_token_ids:
-                        return
+                step = (drafted if accepted else written).tokens  # at most room tokens, so within the budget
+                if (yield from emit(step, context, stats, self.eos_token_ids)):
+                    return
+                budget -= len(step)
         finally:
             learn_start = time.perf_counter()
             for learner in self.learners:
@@ -227,11 +203,9 @@ class StepSpeculator:
             return False
         start = time.perf_counter()
         drafted_text, written_text = self.tokenizer.decode(drafted.tokens), self.tokenizer.decode(written.tokens)
-        if self.config.same_numbers and numbers_in(drafted_text) != numbers_in(written_text):
-            stats.judge_s += time.perf_counter() - start
-            return False
-        aligned = " ".join(drafted_text.split()).lower() == " ".join(written_text.split()).lower() or (
-            self.judge.aligned(drafted_text, written_text)
+        aligned = (not self.config.same_numbers or numbers_in(drafted_text) == numbers_in(written_text)) and (
+            " ".join(drafted_text.split()).lower() == " ".join(written_text.split()).lower()
+            or self.judge.aligned(drafted_text, written_text)
         )
         stats.judge_s += time.perf_counter() - start
         stats.num_accepted_steps += aligned
