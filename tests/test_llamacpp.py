@@ -10,6 +10,8 @@ processors, so no test here compares two kernel paths bit for bit:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -20,8 +22,10 @@ from evospec.config import GenerationConfig, LoadConfig
 from evospec.cost import ForwardCost
 from evospec.drafters import NgramDrafter, PredictionDrafter, SmallLMDrafter, SuffixDrafter
 from evospec.engine import Engine
+from evospec.errors import EvospecError
 from evospec.generation import TextGenerator, build_engine, encode_prompt
 from evospec.models.backend import LoadedModel
+from evospec.models.llamacpp import LlamaCppModel
 from evospec.models.loading import load_model
 from evospec.models.replay import Recording
 from evospec.rescore import greedy_gaps
@@ -89,6 +93,16 @@ def test_loads_the_gguf_file_directly(smollm):
     assert smollm.backend.name == "llamacpp" and smollm.source.suffix == ".gguf"
     assert smollm.model.vocab_size == len(smollm.tokenizer.get_vocab()) == 49152
     assert smollm.tokenizer.convert_tokens_to_ids("<|im_end|>") in smollm.eos_token_ids
+
+
+def test_a_build_with_amx_kernels_is_refused_before_it_can_crash(monkeypatch):
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info()
+    assert b"AMX_INT8 = 1" not in info, "the Makefile builds llama.cpp without its AMX kernels"
+    monkeypatch.setattr(llama_cpp, "llama_print_system_info", lambda: info + b" AMX_INT8 = 1 |")
+    with pytest.raises(EvospecError, match="AMX kernels"):
+        LlamaCppModel(Path("never-opened.gguf"))
 
 
 @pytest.mark.parametrize("k", [3, 64])

@@ -59,6 +59,14 @@ def _bindings():
         raise EvospecError(
             "the llama.cpp backend needs llama-cpp-python (`pip install llama-cpp-python`), or use --backend hf"
         ) from error
+    if b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info():
+        # Its first matmul would take the process down (ggml_backend_amx_mul_mat, ggml-org/llama.cpp#20824).
+        raise EvospecError(
+            "this llama-cpp-python was built with llama.cpp's AMX kernels, which crash on this CPU "
+            "(ggml-org/llama.cpp#20824); rebuild it without them: `make install` in a fresh checkout does, "
+            "or `pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36` with the CMAKE_ARGS "
+            "the Makefile sets for a CPU with AMX"
+        )
     return llama_cpp
 
 
