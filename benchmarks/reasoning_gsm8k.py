@@ -15,6 +15,12 @@ Methods (names as ../shared/benchmarks.md gives them):
   steps, by DPO (Online-LR) or by cross-entropy on the target's steps (OSD-LR). Learning methods and
   `reason-lora` (the same adapted drafter, frozen) run the drafter on the hf backend.
 
+--replay DIR runs the methods over the target's answers that a live run wrote to DIR (its target-alone
+rows), charged a cost profile (--profile: measured, or a GPU's): every step follows the target, so the
+drafter's steps are judged and learned from on the target's own answer, as evospec replay does for
+tokens; the drafter, judge and learners run (and are timed) for real. Only the embedding judge can
+judge there.
+
 Every answer is written to answers.jsonl as it is made; results.json (the one shape) and results.png
 (accuracy and step acceptance per block) at the end, or at Ctrl-C (SIGINT) for the questions answered
 so far. --resume goes on from answers.jsonl (frozen methods only: a learner's state is not kept
@@ -41,7 +47,7 @@ from tqdm.auto import tqdm
 from evospec.bench.report import aggregate
 from evospec.bench.traces import SHIPPED, dataset_prompts
 from evospec.config import GenerationConfig, LoadConfig
-from evospec.cost import cost_profile, profile_cost
+from evospec.cost import MEASURED, cost_profile, cost_profiles, profile_cost
 from evospec.draft_length import AdaptiveDraftLength
 from evospec.drafters.registry import build_drafter
 from evospec.engine import Engine
@@ -49,7 +55,9 @@ from evospec.errors import EvospecError
 from evospec.generation import build_engine, encode_prompt
 from evospec.learning import LearnerConfig, build_learner
 from evospec.machine import cpu_description, default_threads
+from evospec.models.backend import LoadedModel
 from evospec.models.loading import load_model
+from evospec.models.replay import Answer, Recording, replayed
 from evospec.reasoning import StepConfig, StepSpeculator, TargetJudge, build_judge
 from evospec.stats import DrafterStats, SpecStats
 
@@ -124,13 +132,34 @@ def counted_target_lms(runner) -> list[CountedLM]:
     return counted
 
 
-class Methods:
-    """The engines of the run's methods on one target (each with caches of its own)."""
+def recorded_answers(log: Path, prompt_of, max_new_tokens: int) -> dict[int, Answer]:
+    """The target's answers a live run wrote to log (its target-alone rows), by question;
+    prompt_of(question) gives the question's prompt ids."""
+    settings = log.parent / "results.json"
+    if settings.exists() and json.loads(settings.read_text())["max_new_tokens"] != max_new_tokens:
+        raise EvospecError(f"{log.parent} answered with another --max-new-tokens: replay it with the same")
+    answers = {
+        row["question"]: Answer(tuple(prompt_of(row["question"])), tuple(row["answer_ids"]))
+        for row in read_answers(log)
+        if row["method"] == "target-alone" and "answer_ids" in row
+    }
+    if not answers:
+        raise EvospecError(f"{log} holds no target-alone answers with their token ids to replay")
+    return answers
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.target = load_model(args.target, args.backend, LoadConfig())
+
+class Methods:
+    """The engines of the run's methods on one target (each with caches of its own): the real one,
+    or (replay) its recorded answers charged a cost profile."""
+
+    def __init__(self, args: argparse.Namespace, target: LoadedModel, replay: dict[int, Answer] | None = None) -> None:
         self.args = args
-        self.cost = self.target.forward_cost(args.k + 1)
+        self.cost = target.forward_cost(args.k + 1)
+        if replay is not None:
+            if args.profile != MEASURED:
+                self.cost = profile_cost(args.profile, self.cost.of(1), args.k + 1)
+            target = replayed(target, Recording(list(replay.values()), target.vocab_size, self.cost))
+        self.target = target
         self._drafters: dict[str, object] = {}
         self.learners: dict[str, object] = {}
         self.runners = {name: self._build(name) for name in args.method}
@@ -163,7 +192,11 @@ class Methods:
             learners = [build_learner(LEARNERS[learner], drafter, config)]
             self.learners[name] = learners[0]
         steps = StepConfig(
-            judge=judge, similarity=args.similarity, max_step_tokens=args.max_step_tokens, same_numbers=same_numbers
+            judge=judge,
+            similarity=args.similarity,
+            max_step_tokens=args.max_step_tokens,
+            same_numbers=same_numbers,
+            follow_target=args.replay is not None,
         )
         return StepSpeculator(
             target,
@@ -321,6 +354,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-size", type=int, default=50)
     parser.add_argument("--out", required=True)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--replay", help="a live run's --out: replay its target's answers (see above)")
+    parser.add_argument("--profile", default=MEASURED, choices=[MEASURED, *cost_profiles()], help="replay's costs")
     args = parser.parse_args(argv)
 
     out = Path(args.out)
@@ -342,7 +377,17 @@ def main(argv: list[str] | None = None) -> None:
     ]
     chosen = range(args.start, min(args.start + args.n, len(questions)))
     load_average = os.getloadavg()[0]
-    methods = Methods(args)
+    cpu = cpu_description()
+    target = load_model(args.target, args.backend, LoadConfig())
+    replay = None
+    if args.replay:
+        replay = recorded_answers(
+            Path(args.replay) / "answers.jsonl",
+            lambda index: encode_prompt(target, questions[index] + INSTRUCTION, chat=True),
+            args.max_new_tokens,
+        )
+        chosen = [index for index in chosen if index in replay]
+    methods = Methods(args, target, replay)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, num_speculative_tokens=args.k)
     with log.open("a") as sink, contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the results so far
         for index in tqdm(chosen, desc="questions", unit="q"):
@@ -365,7 +410,10 @@ def main(argv: list[str] | None = None) -> None:
                     "stats": stats_record(stats),
                     "target_passes": merged_passes(lm.taken() for lm in methods.counted[name]),
                     "target_judge": isinstance(getattr(runner, "judge", None), TargetJudge),
+                    "cpu": cpu["model"],  # a resumed run may go on on another machine
                 }
+                if name == "target-alone" and replay is None:
+                    row["answer_ids"] = tokens  # what --replay replays
                 records.append(row)
                 sink.write(json.dumps(row) + "\n")
                 sink.flush()
@@ -382,11 +430,19 @@ def main(argv: list[str] | None = None) -> None:
         "max_new_tokens": args.max_new_tokens,
         "k": args.k,
         "threads": default_threads(),
-        "cpu": cpu_description(),
+        "cpu": cpu,
+        "questions_by_cpu": dict(Counter(row["cpu"] for row in records if row["method"] == args.method[0])),
         "load_average_at_start": load_average,
         "forward_cost_ms": {str(n): round(1000 * s, 2) for n, s in zip(methods.cost.sizes, methods.cost.seconds)},
         "learners": {name: learner.report() for name, learner in methods.learners.items()},
         "gpu_profile": {"name": GPU_PROFILE, "source": cost_profile(GPU_PROFILE)["source"]},
+        "replay": None
+        if replay is None
+        else {
+            "answers": args.replay,
+            "profile": args.profile,
+            "source": "this machine's T(n)" if args.profile == MEASURED else cost_profile(args.profile)["source"],
+        },
         "methods": summarize(records, args.method, args.block_size, methods.cost.of(1)),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")

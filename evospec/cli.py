@@ -135,6 +135,11 @@ def _add_step_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep a drafted step only if it states the numbers the target's step states (arithmetic)",
     )
+    steps.add_argument(
+        "--follow-target",
+        action="store_true",
+        help="emit the target's every step (lossless): the drafter's steps are only judged and learned from",
+    )
 
 
 def _step_config(args: argparse.Namespace) -> StepConfig:
@@ -147,6 +152,7 @@ def _step_config(args: argparse.Namespace) -> StepConfig:
         judge=args.judge,
         similarity=args.similarity,
         same_numbers=args.same_numbers,
+        follow_target=args.follow_target,
     )
 
 
@@ -225,6 +231,11 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
         raise EvospecError("--selector picks among several drafters: give --drafter more than once")
     learner_config = _learner_config(args)
     step_config = _step_config(args) if args.reasoning_speculation else None
+    step_flags = [
+        flag for flag, on in (("--same-numbers", args.same_numbers), ("--follow-target", args.follow_target)) if on
+    ]
+    if step_flags and step_config is None:
+        raise EvospecError(f"{' and '.join(step_flags)} judge reasoning steps: add --reasoning-speculation")
     if args.learner in STEP_LEARNERS and step_config is None:
         raise EvospecError(f"learner {args.learner!r} learns from judged reasoning steps: add --reasoning-speculation")
 

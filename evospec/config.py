@@ -142,6 +142,10 @@ class StepConfig:
     # A drafted step stands only if it states the numbers the target's step states (for arithmetic,
     # where a judge may take a wrong result for the right one); off: the judge alone decides.
     same_numbers: bool = False
+    # Every step emitted is the target's own, so the output is plain decoding's: the verdicts are only
+    # counted and learned from (lossless learning while serving, and what a replay of recorded answers
+    # can measure, since it knows the target's steps only on the target's own answer).
+    follow_target: bool = False
 
     def __post_init__(self) -> None:
         if self.judge not in JUDGE_KINDS:

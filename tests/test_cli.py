@@ -50,6 +50,7 @@ SMOL = "smollm2-135m-instruct"
         (["bench", "--suite", "learning"], "needs a white-box drafter checkpoint"),
         (["generate", "hi", "--target", SMOL, "--learner", "dpo"], "add --reasoning-speculation"),
         (["generate", "hi", "--target", SMOL, "--reasoning-speculation", "--max-step-tokens", "0"], "max-step-tokens"),
+        (["generate", "hi", "--target", SMOL, "--follow-target"], "add --reasoning-speculation"),
         (["generate", "hi", "--target", SMOL, "--reasoning-speculation", "--similarity", "2"], "cosine"),
         (["serve", "--target", SMOL, "--reasoning-speculation", "--replicas", "2"], "not run with --replicas"),
     ],

@@ -4,6 +4,7 @@ tiny fp32 models, and the embedding judge's real sentence-embedding model."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import zipfile
 from pathlib import Path
 
@@ -91,6 +92,24 @@ def test_with_no_drafted_step_kept_the_output_is_plain_decoding(target, drafter_
         assert tokens == reference_greedy(target.model, prompt, MAX_NEW, eos_token_id=eos)
         assert stats.num_draft_steps > 0 and stats.num_accepted_steps == stats.num_identical_steps
         assert stats.new_tokens == len(tokens) and stats.num_verifications > 0
+
+
+def test_following_the_target_keeps_its_every_step_while_the_judge_still_counts(target):
+    """With follow_target the output is plain decoding's even under a judge that accepts every step;
+    the verdicts are still counted, and a step learner still learns from them."""
+    drafter = adapted_lm(target)
+    learner = build_learner("dpo", drafter, LearnerConfig(every=1))
+    config = dataclasses.replace(STEPS, follow_target=True)
+    speculator = StepSpeculator(target, drafter, Always(), config, [learner])
+    eos = sorted(target.eos_token_ids)
+    judged_only, rejected = 0, 0
+    for prompt in random_prompts(4, seed=5):
+        tokens, stats = generate(speculator, prompt)
+        assert tokens == reference_greedy(target.model, prompt, MAX_NEW, eos_token_id=eos)
+        judged_only += stats.num_accepted_steps - stats.num_identical_steps
+        rejected += stats.num_draft_steps - stats.num_accepted_steps  # steps that end otherwise
+    assert judged_only > 0  # steps the judge accepted that differ from the target's were not emitted
+    assert rejected > 0 and learner.pairs == rejected and learner.stats.steps >= 1
 
 
 @pytest.mark.parametrize("same_numbers", [False, True])
@@ -317,3 +336,21 @@ def test_the_gsm8k_benchmark_reads_final_answers_and_compares_questions_every_me
     summary = script.summarize(records, ["target-alone", "reason"], block_size=10, step_s=0.03)
     assert summary["target-alone"]["questions"] == summary["reason"]["questions"] == 1  # question 1: one method only
     assert summary["reason"]["accuracy_vs_plain_points"] == -100.0
+
+
+def test_the_gsm8k_benchmark_replays_the_target_answers_a_live_run_recorded(tmp_path):
+    script = load_script("reasoning_gsm8k")
+    rows = [
+        {"method": "target-alone", "question": 3, "answer_ids": [5, 6, 2]},
+        {"method": "reason@judge=embedding", "question": 3},
+        {"method": "target-alone", "question": 4},  # answered before answers kept their ids: not replayed
+    ]
+    (tmp_path / "answers.jsonl").write_text("".join(f"{json.dumps(row)}\n" for row in rows))
+    answers = script.recorded_answers(tmp_path / "answers.jsonl", lambda index: [index, 1], 384)
+    assert list(answers) == [3] and answers[3].prompt_ids == (3, 1) and answers[3].answer_ids == (5, 6, 2)
+    (tmp_path / "results.json").write_text(json.dumps({"max_new_tokens": 256}))
+    with pytest.raises(EvospecError, match="another --max-new-tokens"):
+        script.recorded_answers(tmp_path / "answers.jsonl", lambda index: [index], 384)
+    (tmp_path / "answers.jsonl").write_text(json.dumps(rows[2]) + "\n")
+    with pytest.raises(EvospecError, match="no target-alone answers"):
+        script.recorded_answers(tmp_path / "answers.jsonl", lambda index: [index], 256)

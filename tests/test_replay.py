@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from evospec.bench.replay import learner_settings
 from evospec.bench.traces import collect_traces, load_traces
-from evospec.config import GenerationConfig
+from evospec.config import GenerationConfig, StepConfig
 from evospec.cost import ForwardCost, profile_cost
 from evospec.draft_length import AdaptiveDraftLength
 from evospec.drafters import NgramDrafter, SmallLMDrafter, SuffixDrafter
@@ -21,6 +21,7 @@ from evospec.learning import LearnerConfig, build_learner
 from evospec.models.backend import LoadedModel
 from evospec.models.hf import CachedLM
 from evospec.models.replay import Answer, Recording, replayed
+from evospec.reasoning import StepSpeculator, TargetJudge
 from evospec.selection import build_selector
 from evospec.stats import SpecStats
 
@@ -360,3 +361,59 @@ def test_train_drafter_warms_up_on_a_trace_sets_answers(sharp_model_dir, tmp_pat
     other = ["train-drafter", "--target", "smollm2-135m-instruct", "--kind", "eagle", "--data", str(traces)]
     status, _, err = run_cli(capsys, *other, "--out", str(tmp_path / "c2"))
     assert status == 2 and "holds answers of" in err  # another target's answers, refused before it loads
+
+
+class FirstWordJudge:
+    """A deterministic judge for tiny models: two steps are aligned when they open with the same word."""
+
+    name = "first-word"
+
+    def aligned(self, drafted: str, target: str) -> bool:
+        return drafted.split()[:1] == target.split()[:1]
+
+
+@pytest.mark.parametrize("learner", [None, "dpo"])
+def test_a_step_replay_following_the_target_judges_and_learns_as_live(sharp_target, learner):
+    """Step-level speculation that follows the target stays on the target's recorded answer, so a
+    replay makes every drafted step, verdict, round and preference pair of a live run."""
+    prompts = random_prompts(5, seed=6)
+    answers = recorded_answers(sharp_target, prompts, max_new_tokens=30)
+    recording = Recording(answers, sharp_target.vocab_size, COST, sharp_target)
+    steps = StepConfig(delimiter="w10", max_step_tokens=6, follow_target=True)
+
+    def run(target: LoadedModel) -> tuple[list[list[int]], list[SpecStats], int]:
+        drafter = adapted_lm(sharp_target)
+        learners = [build_learner(learner, drafter, LearnerConfig(every=1))] if learner else []
+        speculator = StepSpeculator(target, drafter, FirstWordJudge(), steps, learners)
+        outputs, stats = generate_all(speculator, prompts, [len(answer.answer_ids) for answer in answers])
+        return outputs, stats, sum(learner.pairs for learner in learners)
+
+    live_outputs, live_stats, live_pairs = run(sharp_target)
+    replay_outputs, replay_stats, replay_pairs = run(replayed(sharp_target, recording))
+    assert replay_outputs == live_outputs == [list(answer.answer_ids) for answer in answers]
+
+    def counters(stats: SpecStats) -> tuple:
+        return (
+            stats.num_draft_steps,
+            stats.num_accepted_steps,
+            stats.num_identical_steps,
+            stats.num_verifications,
+            stats.num_accepted_tokens_per_pos,
+        )
+
+    assert [counters(s) for s in replay_stats] == [counters(s) for s in live_stats]
+    judged = sum(s.num_accepted_steps - s.num_identical_steps for s in live_stats)
+    rejected = sum(s.num_draft_steps - s.num_accepted_steps for s in live_stats)
+    assert judged > 0 and rejected > 0, "the judge both kept and refused different steps: a weak test otherwise"
+    assert replay_pairs == live_pairs == (rejected if learner else 0)
+    assert sum(s.wall_s for s in replay_stats) >= COST.of(1) * len(prompts)  # the profile's seconds were charged
+
+
+def test_a_step_replay_that_would_leave_the_recorded_answer_is_refused(sharp_target):
+    recording = Recording(recorded_answers(sharp_target, random_prompts(1, seed=6), 10), TINY_VOCAB, COST)
+    target, drafter = replayed(sharp_target, recording), adapted_lm(sharp_target)
+    with pytest.raises(EvospecError, match="while following the target"):
+        StepSpeculator(target, drafter, FirstWordJudge(), StepConfig())
+    with pytest.raises(EvospecError, match="no recording holds"):
+        # (the tiny tokenizer has no chat template to build a working target judge with: its kind is what is refused)
+        StepSpeculator(target, drafter, TargetJudge.__new__(TargetJudge), StepConfig(follow_target=True))

@@ -6,7 +6,8 @@ A step ends with the token that completes the delimiter (a paragraph break). The
 made by token-level speculative decoding with the drafter's step as its draft, so it is exactly what
 the target alone would write next. A judge then decides whether the drafter's step says the same:
 if so the drafter's step is kept, otherwise the target's. Kept drafter steps make this mode lossy by
-design (opt-in); with a judge that accepts nothing its output is plain decoding's.
+design (opt-in); with a judge that accepts nothing, or with follow_target (the verdicts are then only
+counted and learned from), its output is plain decoding's.
 
 The target's steps are made one after another here. Lookahead Reasoning's speed comes from writing
 the target's versions of several drafted steps in one batch, which is not built.
@@ -15,7 +16,6 @@ the target's versions of several drafted steps in one batch, which is not built.
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -31,7 +31,7 @@ from evospec.engine import Engine, emit
 from evospec.errors import EvospecError
 from evospec.learning.preference import StepPreferenceLearner
 from evospec.models.backend import LoadedModel
-from evospec.reasoning.judges import Judge, build_judge
+from evospec.reasoning.judges import Judge, TargetJudge, build_judge
 from evospec.sampling import Sampler
 from evospec.stats import SpecStats
 from evospec.types import JudgedStep
@@ -96,6 +96,11 @@ class StepSpeculator:
                 f"step-level speculation needs a small-LM drafter (lm:MODEL or lora:MODEL) to write steps, "
                 f"not '{drafter.name}'"
             )
+        if target.backend.name == "replay":  # a recording knows the target's steps on its own answer only
+            if not config.follow_target:
+                raise EvospecError("a replay of recorded answers judges steps only while following the target")
+            if isinstance(judge, TargetJudge):
+                raise EvospecError("the target judge reads the target on a judge prompt, which no recording holds")
         self.target = target
         self.drafter = drafter
         self.judge = judge
@@ -103,6 +108,7 @@ class StepSpeculator:
         self.learners = list(learners)
         self.tokenizer = target.tokenizer
         self.eos_token_ids = target.eos_token_ids
+        self.clock = target.clock  # a replayed target's passes cost its profile's seconds on its own clock
         # The target writes its steps on a cache of its own, each step's prefill reading only the new step.
         self.engine = Engine(
             target.new_lm(),
@@ -122,7 +128,7 @@ class StepSpeculator:
         if prediction:
             raise EvospecError("step-level speculation drafts with the drafter's steps; a prediction cannot join it")
         self.requests += 1
-        start = time.perf_counter()
+        start = self.clock()
         sampler = Sampler(config.sampling)
         context = list(prompt_ids)
         budget = config.max_new_tokens
@@ -137,16 +143,17 @@ class StepSpeculator:
                 written = self._target_step(context, drafted, room, config, stats.num_draft_steps, stats)
                 accepted = self._judge(drafted, written, stats)
                 self._teach(context, drafted, written, accepted, stats)
-                step = (drafted if accepted else written).tokens  # at most room tokens, so within the budget
+                kept = written if self.config.follow_target or not accepted else drafted
+                step = kept.tokens  # at most room tokens, so within the budget
                 if (yield from emit(step, context, stats, self.eos_token_ids)):
                     return
                 budget -= len(step)
         finally:
-            learn_start = time.perf_counter()
+            learn_start = self.clock()
             for learner in self.learners:
                 learner.end_request()
-            stats.learn_s += time.perf_counter() - learn_start
-            stats.wall_s += time.perf_counter() - start
+            stats.learn_s += self.clock() - learn_start
+            stats.wall_s += self.clock() - start
 
     def _ending(self, tokens: list[int], room: int) -> str | None:
         """How a step of these tokens ends, or None while it goes on."""
@@ -158,11 +165,11 @@ class StepSpeculator:
 
     def _drafter_step(self, context: list[int], room: int, sampler: Sampler, stats: SpecStats) -> Step:
         """The drafter's next step, a token a forward on its own cache."""
-        start = time.perf_counter()
+        start = self.clock()
         tokens: list[int] = []
         while (ending := self._ending(tokens, room)) is None:
             tokens.append(int(self.drafter.propose(context + tokens, 1, sampler).tokens[0]))
-        stats.draft_s += time.perf_counter() - start
+        stats.draft_s += self.clock() - start
         stats.num_draft_steps += 1
         return Step(tokens, ending)
 
@@ -201,20 +208,20 @@ class StepSpeculator:
             return True
         if drafted.ending != written.ending:
             return False
-        start = time.perf_counter()
+        start = self.clock()
         drafted_text, written_text = self.tokenizer.decode(drafted.tokens), self.tokenizer.decode(written.tokens)
         aligned = (not self.config.same_numbers or numbers_in(drafted_text) == numbers_in(written_text)) and (
             " ".join(drafted_text.split()).lower() == " ".join(written_text.split()).lower()
             or self.judge.aligned(drafted_text, written_text)
         )
-        stats.judge_s += time.perf_counter() - start
+        stats.judge_s += self.clock() - start
         stats.num_accepted_steps += aligned
         return aligned
 
     def _teach(self, context: list[int], drafted: Step, written: Step, accepted: bool, stats: SpecStats) -> None:
         if not self.learners:
             return
-        start = time.perf_counter()
+        start = self.clock()
         step = JudgedStep(
             request=self.requests,
             prefix=torch.tensor(context),
@@ -224,4 +231,4 @@ class StepSpeculator:
         )
         for learner in self.learners:
             learner.observe_step(step)
-        stats.learn_s += time.perf_counter() - start
+        stats.learn_s += self.clock() - start
