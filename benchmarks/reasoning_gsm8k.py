@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 from evospec.bench.report import aggregate
 from evospec.bench.traces import SHIPPED, dataset_prompts
 from evospec.config import GenerationConfig, LoadConfig
-from evospec.cost import MEASURED, cost_profile, cost_profiles, profile_cost
+from evospec.cost import MEASURED, cost_profile, cost_profiles, profile_cost, profile_source
 from evospec.draft_length import AdaptiveDraftLength
 from evospec.drafters.registry import build_drafter
 from evospec.engine import Engine
@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> None:
         else {
             "answers": args.replay,
             "profile": args.profile,
-            "source": "this machine's T(n)" if args.profile == MEASURED else cost_profile(args.profile)["source"],
+            "source": profile_source(args.profile),
         },
         "methods": summarize(records, args.method, args.block_size, methods.cost.of(1)),
     }

@@ -132,6 +132,11 @@ def cost_profile(name: str) -> dict:
     return profiles[name]
 
 
+def profile_source(name: str) -> str:
+    """Where the seconds of profile `name` (MEASURED or a named one) come from, as results record it."""
+    return "this machine's T(n) of the target" if name == MEASURED else cost_profile(name)["source"]
+
+
 def profile_cost(name: str, step_s: float, max_tokens: int) -> ForwardCost:
     """A named profile's T(n) up to max_tokens, scaled so that T(1) = step_s (this machine's measured step)."""
     profile = cost_profile(name)

@@ -24,7 +24,7 @@ from evospec.bench.methods import EvospecMethod, build_methods
 from evospec.bench.report import plot_blocks, plot_selection, single_drafters, summarize, write_report
 from evospec.bench.traces import TraceSet, load_traces
 from evospec.config import DTYPES, GenerationConfig, LoadConfig
-from evospec.cost import MEASURED, ForwardCost, cost_profile, cost_profiles, profile_cost
+from evospec.cost import MEASURED, ForwardCost, cost_profiles, profile_cost, profile_source
 from evospec.errors import EvospecError
 from evospec.learning import LearnerConfig
 from evospec.machine import cpu_description
@@ -77,11 +77,7 @@ def run_replay(settings: ReplaySettings) -> dict:
     """Replay the stream with every method; write results.json/.md, tau per block, and the selectors' plot."""
     if settings.block_size < 1:
         raise EvospecError(f"--block-size must be >= 1, got {settings.block_size}")
-    source = (
-        "this machine's T(n) of the target"
-        if settings.profile == MEASURED
-        else cost_profile(settings.profile)["source"]
-    )
+    source = profile_source(settings.profile)
     if settings.live and settings.profile != MEASURED:
         raise EvospecError("a live run is timed for real: --live takes no --profile")
     sets = {name: load_traces(directory) for name, directory in settings.traces}
