@@ -442,17 +442,21 @@ def cmd_train_drafter(args: argparse.Namespace) -> None:
     )  # named as DistillConfig's fields
     config = DistillConfig(**{name: getattr(args, name) for name in options})
     out = Path(args.out).expanduser()
-    recorded = []
+    traces = None
     if (Path(args.data).expanduser() / "meta.json").is_file():  # a trace set: the target's answers are given
         from evospec.bench.traces import load_traces
 
         traces = load_traces(Path(args.data))
         if traces.meta["target"] != args.target:
             raise EvospecError(f"{args.data} holds answers of {traces.meta['target']}, not of {args.target}")
-        recorded = [(list(a.prompt_ids), list(a.answer_ids)) for a in traces.answers]
+    recorded = [(list(a.prompt_ids), list(a.answer_ids)) for a in traces.answers] if traces else []
     check_run(args.kind, out, config, bool(recorded))  # the corpus and the output directory, before loading
     target = load_model(args.target, args.backend, _load_config(args))
-    print(distill(target, args.kind, out, config, recorded=recorded).describe())
+    # The trace set's rows are the passes this run would make, when recorded on the same backend and weights.
+    recorded_on = (traces.meta["backend"], traces.meta["weights"]) if traces else None
+    same_passes = recorded_on == (target.backend.name, target.weights_format)
+    rows = [traces.rows_path(index) for index in range(len(recorded))] if same_passes else []
+    print(distill(target, args.kind, out, config, recorded=recorded, recorded_rows=rows).describe())
 
 
 def cmd_traces_collect(args: argparse.Namespace) -> None:

@@ -12,6 +12,7 @@ learners' scheduled steps cover (they also step once over each prompt, while ans
 
 The output directory holds:
   traces/NNNNNN.safetensors  one per sample: tokens, hidden (bf16), top_ids, top_probs; never collected twice
+                             (the answers of a trace set keep theirs in its rows/, the files evospec replay reads)
   model.safetensors, drafter.json  the checkpoint (`--drafter eagle:DIR`); drafter.json["distill"] has the run
   optimizer.safetensors      Adam's moments per parameter name, step counts in the file's metadata
 """
@@ -42,6 +43,7 @@ from evospec.learnable import Trace
 from evospec.learning.buffer import packed, window_spans
 from evospec.learning.losses import LossConfig, drafter_loss
 from evospec.models.backend import LoadedModel
+from evospec.models.replay import Rows, load_rows, save_rows
 from evospec.stats import SpecStats
 from evospec.target import FEEDBACK_TOP_K, full_pass
 
@@ -175,10 +177,12 @@ def distill(
     config: DistillConfig,
     progress: bool = True,
     recorded: Sequence[tuple[list[int], list[int]]] = (),
+    recorded_rows: Sequence[Path] = (),
 ) -> DistillResult:
     """Warm up a `kind` drafter for target on the corpus config names and save it to out (see the module
     docstring). recorded: (prompt ids, answer ids) the target already gave (a trace set of evospec
-    traces collect); then they are the corpus, and the target only makes the pass over each."""
+    traces collect); then they are the corpus, and the target only makes the pass over each.
+    recorded_rows: where the trace set keeps each answer's rows (read if there, else written), or none."""
     prompts = check_run(kind, out, config, recorded=bool(recorded))[: config.samples]
     resumed = config.resume and (out / "drafter.json").exists()
     # 1. The drafter to go on with, when its weights exist (fail before minutes of collecting).
@@ -190,7 +194,9 @@ def distill(
         drafter = new_white_box_drafter(kind, target, start)
         drafter.version = int(json.loads((start / "drafter.json").read_text()).get("drafter_version", 0))
     # 2. The target answers each prompt; one pass over prompt + answer says what it thinks at every position.
-    collection = collect(target, prompts, out / "traces", config, progress, recorded[: config.samples])
+    collection = collect(
+        target, prompts, out / "traces", config, progress, recorded[: config.samples], recorded_rows[: config.samples]
+    )
     samples = collection.samples
     held_out = min(math.ceil(len(samples) * config.holdout), len(samples) - 1)
     train, test = samples[: len(samples) - held_out], samples[len(samples) - held_out :]
@@ -262,10 +268,12 @@ def collect(
     config: DistillConfig,
     progress: bool = True,
     recorded: Sequence[tuple[list[int], list[int]]] = (),
+    recorded_rows: Sequence[Path] = (),
 ) -> Collection:
     """The target's greedy answer to each prompt (chat template when it has one) and what it says at
     every position of prompt + answer; cached in directory, one file per prompt, so none is answered twice.
-    recorded: (prompt ids, answer ids) pairs to use instead of prompts, their answers already given."""
+    recorded: (prompt ids, answer ids) pairs to use instead of prompts, their answers already given;
+    recorded_rows: their rows in the trace set (shared with evospec replay) instead of the cache."""
     cache = _TraceCache(directory, target, config.max_new_tokens)
     engine = build_engine(target, [])
     lm = target.new_lm(hidden_states=True)
@@ -274,6 +282,11 @@ def collect(
     items = recorded or [(encode_prompt(target, prompt, chat), None) for prompt in prompts]
     for index, (prompt_ids, answer) in enumerate(tqdm(items, desc="collect", unit="sample", disable=not progress)):
         if len(prompt_ids) >= target.context_length:
+            continue
+        if recorded_rows:
+            sample, made = _recorded_sample(lm, prompt_ids, answer, recorded_rows[index], config.forward_rows)
+            collected, reused = collected + made, reused + (not made)
+            samples.append(sample)
             continue
         sample = cache.load(index, prompt_ids)
         if sample is None:
@@ -290,6 +303,22 @@ def collect(
     if not samples:
         raise EvospecError(f"no prompt of {config.data} fits the target's context of {target.context_length} tokens")
     return Collection(samples, collected, reused, len(items) - len(samples))
+
+
+def _recorded_sample(
+    lm, prompt_ids: list[int], answer_ids: list[int], rows_path: Path, rows_per_pass: int
+) -> tuple[Sample, bool]:
+    """A recorded answer's sample from its trace set's rows, the file evospec replay reads, made by one
+    pass of the target when it is missing -> (sample, whether the pass ran)."""
+    ids = prompt_ids + answer_ids
+    rows = load_rows(rows_path, len(ids))
+    made = rows is None or rows.hidden is None
+    if made:
+        hidden, top_ids, top_probs = full_pass(lm, ids, FEEDBACK_TOP_K, rows_per_pass)
+        rows = Rows(top_ids, top_probs, hidden)
+        save_rows(rows, rows_path)
+    sample = Sample(torch.tensor(ids), rows.hidden.to(torch.bfloat16), rows.top_ids, rows.top_probs, len(prompt_ids))
+    return sample, made
 
 
 def _resumed_drafter(kind: str, target: LoadedModel, out: Path, config: DistillConfig) -> tuple[WhiteBoxDrafter, dict]:
@@ -420,6 +449,7 @@ def _evaluate(drafter: WhiteBoxDrafter, traces: list[Trace]) -> tuple[float, flo
 
 def _save(drafter: WhiteBoxDrafter, optimizer: torch.optim.Adam, out: Path, run: dict) -> None:
     """Optimizer state first, then the checkpoint: drafter.json, written last, names the step both are at."""
+    out.mkdir(parents=True, exist_ok=True)
     names = _trainable_names(drafter)
     tensors, steps = {}, {}
     for index, state in optimizer.state_dict()["state"].items():

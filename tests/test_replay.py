@@ -342,22 +342,28 @@ def test_collect_refuses_more_prompts_than_the_data_holds(sharp_target, tmp_path
         collect_traces(sharp_target, str(data), 3, 8, tmp_path / "t", progress=False)
 
 
-def test_train_drafter_warms_up_on_a_trace_sets_answers(sharp_model_dir, tmp_path, capsys):
-    """OnlineSPEC's warm start on the first samples of a stream: the recorded answers, not new ones."""
-    from safetensors.torch import load_file
-
+def test_train_drafter_warms_up_on_a_trace_sets_answers_and_rows(sharp_model_dir, sharp_target, tmp_path, capsys):
+    """OnlineSPEC's warm start on the first samples of a stream: the recorded answers, not new ones, and
+    the rows the collection kept, not new passes; a missing rows file is made and kept where replay reads it."""
     data = prompts_file(tmp_path / "prompts.txt", 4)
     traces = tmp_path / "traces"
     collect = ["traces", "collect", "--target", str(sharp_model_dir), "--data", str(data), "--n", "4"]
     assert run_cli(capsys, *collect, "--max-new-tokens", "12", "--out", str(traces), "--dtype", "fp32")[0] == 0
-    recorded = load_traces(traces).answers
-    out = tmp_path / "ckpt"
+    recorded = load_traces(traces)
+    recorded.rows_path(2).unlink()
     train = ["train-drafter", "--target", str(sharp_model_dir), "--kind", "eagle", "--data", str(traces)]
-    status, _, err = run_cli(capsys, *train, "--samples", "4", "--epochs", "1", "--out", str(out), "--dtype", "fp32")
+    train += ["--samples", "4", "--epochs", "1", "--dtype", "fp32"]
+    status, out, err = run_cli(capsys, *train, "--out", str(tmp_path / "ckpt"))
     assert status == 0, err
-    assert (out / "drafter.json").is_file()
-    for index, answer in enumerate(recorded):
-        assert load_file(out / "traces" / f"{index:06d}.safetensors")["tokens"].tolist() == answer.tokens
+    assert "1 collected, 3 cached" in out
+    assert (tmp_path / "ckpt" / "drafter.json").is_file() and not (tmp_path / "ckpt" / "traces").exists()
+    made = load_file(recorded.rows_path(2))
+    recording = Recording(recorded.answers, sharp_target.vocab_size, COST, sharp_target)
+    assert torch.equal(made["top_ids"], recording.rows_of(2, hidden=True).top_ids)
+    assert torch.allclose(made["hidden"], recording.rows_of(2, hidden=True).hidden, atol=ROW_TOLERANCE)
+    status, again, err = run_cli(capsys, *train, "--out", str(tmp_path / "ckpt-again"))
+    assert status == 0 and "0 collected, 4 cached" in again
+    assert again.splitlines()[2:] == out.splitlines()[2:]  # the same rows teach the same drafter
     other = ["train-drafter", "--target", "smollm2-135m-instruct", "--kind", "eagle", "--data", str(traces)]
     status, _, err = run_cli(capsys, *other, "--out", str(tmp_path / "c2"))
     assert status == 2 and "holds answers of" in err  # another target's answers, refused before it loads

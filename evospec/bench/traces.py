@@ -8,7 +8,7 @@ in a directory (by default $EVOSPEC_HOME/traces/<target>/<backend>-<weights>/<da
   meta.json      the target, its backend and weights, the dataset, the answer length, the CPU
   rows/          what the target said at every position of each answer, NNNNNN.safetensors: its
                  top-K next tokens and final hidden states, written as the answer is decoded (the
-                 replay makes the missing ones by one pass over prompt + answer)
+                 replay and train-drafter make the missing ones by one pass over prompt + answer)
 """
 
 from __future__ import annotations

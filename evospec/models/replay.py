@@ -65,6 +65,20 @@ def save_rows(rows: Rows, path: Path) -> None:
     save_tensors_atomically(tensors, path, {})
 
 
+def load_rows(path: Path, length: int) -> Rows | None:
+    """The rows cached at path for an answer of `length` tokens (prompt + answer), hidden states included
+    where the file has them; None if missing, damaged or of another length."""
+    if not path.is_file():
+        return None
+    try:
+        tensors = load_file(path)
+    except (SafetensorError, OSError):
+        return None
+    if tensors["top_ids"].shape[0] != length:
+        return None
+    return Rows(tensors["top_ids"], tensors["top_probs"], tensors.get("hidden"))
+
+
 class ReplayClock:
     """Seconds as the engine reads them in a replay: real time, less what the replay spends building
     passes, plus the modeled seconds of the recorded target's passes."""
@@ -130,15 +144,7 @@ class Recording:
         """The rows cached for answer `index`, hidden states included where the file has them (None if
         missing or damaged)."""
         path = self.rows_paths[index]
-        if path is None or not path.is_file():
-            return None
-        try:
-            tensors = load_file(path)
-        except (SafetensorError, OSError):
-            return None
-        if tensors["top_ids"].shape[0] != len(self.answers[index].tokens):
-            return None
-        return Rows(tensors["top_ids"], tensors["top_probs"], tensors.get("hidden"))
+        return None if path is None else load_rows(path, len(self.answers[index].tokens))
 
     def _target_pass(self, index: int) -> Rows:
         """One pass of the real target (fresh cache) over prompt + answer, in pieces; its rows are cached."""
