@@ -43,7 +43,7 @@ from evospec.learnable import Trace
 from evospec.learning.buffer import packed, window_spans
 from evospec.learning.losses import LossConfig, drafter_loss
 from evospec.models.backend import LoadedModel
-from evospec.models.replay import Rows, load_rows, save_rows
+from evospec.models.replay import load_rows, pass_rows
 from evospec.stats import SpecStats
 from evospec.target import FEEDBACK_TOP_K, full_pass
 
@@ -314,9 +314,7 @@ def _recorded_sample(
     rows = load_rows(rows_path, len(ids))
     made = rows is None or rows.hidden is None
     if made:
-        hidden, top_ids, top_probs = full_pass(lm, ids, FEEDBACK_TOP_K, rows_per_pass)
-        rows = Rows(top_ids, top_probs, hidden)
-        save_rows(rows, rows_path)
+        rows = pass_rows(lm, ids, rows_per_pass, rows_path)
     sample = Sample(torch.tensor(ids), rows.hidden.to(torch.bfloat16), rows.top_ids, rows.top_probs, len(prompt_ids))
     return sample, made
 

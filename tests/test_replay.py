@@ -358,9 +358,9 @@ def test_train_drafter_warms_up_on_a_trace_sets_answers_and_rows(sharp_model_dir
     assert "1 collected, 3 cached" in out
     assert (tmp_path / "ckpt" / "drafter.json").is_file() and not (tmp_path / "ckpt" / "traces").exists()
     made = load_file(recorded.rows_path(2))
-    recording = Recording(recorded.answers, sharp_target.vocab_size, COST, sharp_target)
-    assert torch.equal(made["top_ids"], recording.rows_of(2, hidden=True).top_ids)
-    assert torch.allclose(made["hidden"], recording.rows_of(2, hidden=True).hidden, atol=ROW_TOLERANCE)
+    replayed_pass = Recording(recorded.answers, sharp_target.vocab_size, COST, sharp_target).rows_of(2, hidden=True)
+    assert torch.equal(made["top_ids"], replayed_pass.top_ids)
+    assert torch.allclose(made["hidden"], replayed_pass.hidden, atol=ROW_TOLERANCE)
     status, again, err = run_cli(capsys, *train, "--out", str(tmp_path / "ckpt-again"))
     assert status == 0 and "0 collected, 4 cached" in again
     assert again.splitlines()[2:] == out.splitlines()[2:]  # the same rows teach the same drafter

@@ -79,6 +79,15 @@ def load_rows(path: Path, length: int) -> Rows | None:
     return Rows(tensors["top_ids"], tensors["top_probs"], tensors.get("hidden"))
 
 
+def pass_rows(lm: LanguageModel, ids: Sequence[int], rows_per_pass: int, path: Path | None) -> Rows:
+    """The rows of one pass of lm over ids (full_pass, hidden states included), cached at path if given."""
+    hidden_states, top_ids, top_probs = full_pass(lm, ids, FEEDBACK_TOP_K, rows_per_pass)
+    rows = Rows(top_ids, top_probs, hidden_states)
+    if path is not None:
+        save_rows(rows, path)
+    return rows
+
+
 class ReplayClock:
     """Seconds as the engine reads them in a replay: real time, less what the replay spends building
     passes, plus the modeled seconds of the recorded target's passes."""
@@ -155,13 +164,7 @@ class Recording:
             )
         if self._real_lm is None:
             self._real_lm = self.real_target.new_lm(hidden_states=True)
-        hidden_states, top_ids, top_probs = full_pass(
-            self._real_lm, self.answers[index].tokens, FEEDBACK_TOP_K, ROWS_PER_PASS
-        )
-        rows = Rows(top_ids, top_probs, hidden_states)
-        if self.rows_paths[index] is not None:
-            save_rows(rows, self.rows_paths[index])
-        return rows
+        return pass_rows(self._real_lm, self.answers[index].tokens, ROWS_PER_PASS, self.rows_paths[index])
 
     def logits(self, index: int, positions: Sequence[int]) -> torch.Tensor:
         """Logits [n, V] at these context positions of answer `index`, whose argmax is the answer's next token.
