@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from evospec.sampling import Sampler
 from evospec.selection import REWARDS, Selector, build_selector
 from evospec.stats import SpecStats
 from evospec.target import FEEDBACK_TOP_K, LanguageModel, PromptPass, top_next_tokens
-from evospec.types import Attempt, Draft, RoundFeedback, RoundTime, Verdict
+from evospec.types import ArmScore, Attempt, Draft, RoundFeedback, RoundTime, Verdict
 from evospec.verify import verify
 
 
@@ -99,6 +100,7 @@ class Engine:
         self._cached: list[int] = []  # the tokens in the target's cache, when keep_prefix
         self.requests = 0
         self._awake: list[str] = []  # the drafters with something to draft in the current request
+        self._unscored: deque[tuple[Attempt, ArmScore | None]] = deque()  # rounds whose cheap drafts await the output
 
     def generate(
         self, prompt_ids: list[int], config: GenerationConfig, stats: SpecStats, prediction: Sequence[int] = ()
@@ -141,6 +143,7 @@ class Engine:
                 if (yield from emit(emitted, context, stats, self.eos_token_ids)):
                     return
                 budget -= len(emitted)
+                self._score_drafts(context)
                 if budget == 0 or len(context) >= self.context_length:
                     return
                 # 3. A selected drafter drafts no more than the budget, the window and the draft-length policy allow.
@@ -153,6 +156,7 @@ class Engine:
             raise
         finally:
             self.target.trim(len(context) - 1)  # an early stop leaves a cache that matches the context
+            self._score_drafts(context, final=True)
             self._cached = context[:-1] if self.keep_prefix and not failed else []
             learn_start = self.clock()
             for learner in self.learners:
@@ -188,32 +192,38 @@ class Engine:
         return passed
 
     def _draft(self, context: list[int], room: int, config: GenerationConfig, sampler: Sampler) -> Attempt | None:
-        """This round's attempt: the selected drafter's draft of at most `room` tokens."""
-        name = self.selector.select()
-        drafter = self.drafters[name]
-        asked = self.draft_length.budget(name, min(config.num_speculative_tokens, room), drafter.model_free)
-        if asked <= 0:
-            return Attempt(name, empty_draft(), empty_draft(), asked=0, draft_s=0.0)
+        """This round's attempt: the selected drafter's draft of at most `room` tokens. A full-information
+        selector picks having seen the label of every cheap awake drafter's draft of the round."""
         start = self.clock()
-        proposed = drafter.propose(context, asked, sampler)
-        counterfactuals = self._counterfactuals(name, context, room, config, sampler)
+        cheap = self._cheap_drafts(context, room, config, sampler)
+        name = self.selector.select({arm: draft.label for arm, (draft, _) in cheap.items()})
+        drafter = self.drafters[name]
+        if name in cheap:
+            proposed, asked = cheap.pop(name)
+        else:
+            asked = self.draft_length.budget(name, min(config.num_speculative_tokens, room), drafter.model_free)
+            if asked <= 0:
+                return Attempt(name, empty_draft(), empty_draft(), asked=0, draft_s=0.0)
+            proposed = drafter.propose(context, asked, sampler)
         seconds = self.clock() - start
         draft = proposed.truncated(self.draft_length.keep(name, proposed))
-        return Attempt(name, draft, proposed, asked, seconds, counterfactuals)
+        counterfactuals = tuple((arm, other, other_asked) for arm, (other, other_asked) in cheap.items())
+        return Attempt(name, draft, proposed, asked, seconds, counterfactuals, position=len(context))
 
-    def _counterfactuals(
-        self, pulled: str, context: list[int], room: int, config: GenerationConfig, sampler: Sampler
-    ) -> tuple[tuple[str, Draft, int], ...]:
-        """For a full-information selector: what every other cheap awake drafter drafts this round."""
+    def _cheap_drafts(
+        self, context: list[int], room: int, config: GenerationConfig, sampler: Sampler
+    ) -> dict[str, tuple[Draft, int]]:
+        """For a full-information selector: every cheap awake drafter's draft of this round and the
+        tokens it was asked for (empty for other selectors)."""
         if not self.selector.full_information:
-            return ()
-        drafts = []
+            return {}
+        drafts = {}
         for name in self._awake:
-            if name != pulled and self.drafters[name].model_free:
+            if self.drafters[name].model_free:
                 asked = self.draft_length.budget(name, min(config.num_speculative_tokens, room), True)
                 if asked > 0:
-                    drafts.append((name, self.drafters[name].propose(context, asked, sampler), asked))
-        return tuple(drafts)
+                    drafts[name] = (self.drafters[name].propose(context, asked, sampler), asked)
+        return drafts
 
     def _feed_back(
         self, attempt: Attempt, verdict: Verdict, passed: TargetPass, sampler: Sampler, stats: SpecStats
@@ -223,17 +233,33 @@ class Engine:
         reward = REWARDS[self.selector.reward_kind](
             passed.logits, attempt.draft, verdict, sampler, attempt.asked, seconds
         )
-        if self.selector.full_information and attempt.asked:  # every cheap draft scored on what this pass verified
-            scores = {
-                name: common_prefix_length(draft.tokens.tolist(), verdict.emitted) / asked
-                for name, draft, asked in attempt.counterfactuals
-            }
-            if self.drafters[attempt.drafter].model_free:
-                scores[attempt.drafter] = reward
-            self.selector.observe(scores)
+        if self.selector.full_information and attempt.asked:  # every cheap draft, scored once the output covers it
+            pulled = ArmScore(reward, attempt.draft.label) if self.drafters[attempt.drafter].model_free else None
+            self._unscored.append((attempt, pulled))
         self.selector.update(attempt.drafter, reward)
         self.draft_length.observe(attempt, verdict)
         stats.record_drafter(attempt, verdict, reward)
+
+    def _score_drafts(self, context: list[int], final: bool = False) -> None:
+        """Full information: each past round's cheap drafts scored, in order, once the output covers the
+        longest of them (final: at the request's end, on what was emitted). The output is what the target
+        says after each draft's start, so a greedy target's score is the draft's own acceptance, not one
+        censored at the tokens the pulled draft got verified; under sampling it is the common prefix
+        with the sampled output."""
+        while self._unscored:
+            attempt, pulled = self._unscored[0]
+            end = attempt.position + max((draft.size for _, draft, _ in attempt.counterfactuals), default=0)
+            if end > len(context) and not final:
+                return
+            output = context[attempt.position : end]
+            scores = {
+                name: ArmScore(common_prefix_length(draft.tokens.tolist(), output) / asked, draft.label)
+                for name, draft, asked in attempt.counterfactuals
+            }
+            if pulled is not None:
+                scores[attempt.drafter] = pulled
+            self.selector.observe(scores)
+            self._unscored.popleft()
 
     def _tell_listeners(
         self,

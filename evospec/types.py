@@ -59,8 +59,17 @@ class Attempt:
     asked: int  # tokens asked of the drafter; 0 when the policy chose a plain step
     draft_s: float  # seconds in the drafter's propose, catch-up on unseen tokens included
     # A full-information selector's view: what each other cheap awake drafter would have drafted
-    # this round, and the tokens it was asked for (scored on the verified tokens, never verified).
+    # this round, and the tokens it was asked for (never verified; scored once the output covers it).
     counterfactuals: tuple[tuple[str, Draft, int], ...] = ()
+    position: int = 0  # the context's length when the round drafted: where every draft of it starts
+
+
+@dataclass(frozen=True)
+class ArmScore:
+    """What one cheap arm's draft of a round achieved, for a full-information selector (Selector.observe)."""
+
+    reward: float  # block efficiency: tokens of the draft the target accepts / tokens asked
+    label: str  # the draft's kind (Draft.label), the context a contextual selector keys its estimates by
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,7 @@ def test_greedy_equals_plain_generate(model, tokenizer, drafters, plain, kind, k
         assert output.dtype == torch.long and torch.equal(output, expected), f"prompt {prompt}"
 
 
-@pytest.mark.parametrize("selector", ["ucb-bd", "thompson", "hedge", "round-robin"])
+@pytest.mark.parametrize("selector", ["ucb-bd", "thompson", "hedge", "contextual", "round-robin"])
 def test_a_selector_over_several_drafters_keeps_the_output(model, tokenizer, drafters, plain, selector):
     names = ["ngram", "suffix", "eagle", MODEL_OBJECT]
     for prompt in PROMPTS:

@@ -52,7 +52,7 @@ def engines(target: LoadedModel, real: LoadedModel) -> dict:
         "eagle+ensemble": build_engine(target, *_drafters_and_learners(eagle("ensemble"))),
         "lora+ogd": build_engine(target, *_drafters_and_learners(small_lm())),
     }
-    for selector in ("ucb-be", "hedge"):
+    for selector in ("ucb-be", "hedge", "contextual"):
         arms = [NgramDrafter(), SuffixDrafter(), SmallLMDrafter(CachedLM(tiny_model(1, 0.3, real.model)), "lm")]
         built[f"select:{selector}"] = build_engine(
             target, arms, selector=build_selector(selector, [a.name for a in arms])
@@ -94,7 +94,7 @@ def recorded_answers(target: LoadedModel, prompts: list[list[int]], max_new_toke
 # many steps (a tiny random drafter has many near-ties): their rounds must agree within
 # LEARNING_TOLERANCE, and the rows they learn from within ROW_TOLERANCE of the live ones. A frozen
 # white-box drafter reads them too: a near-tie in its draft may flip alike.
-EXACT = ("ngram", "suffix/k=auto", "select:ucb-be", "select:hedge")
+EXACT = ("ngram", "suffix/k=auto", "select:ucb-be", "select:hedge", "select:contextual")
 LEARNING_TOLERANCE = 0.05
 ROW_TOLERANCE = 1e-5
 

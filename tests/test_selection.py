@@ -21,7 +21,7 @@ from evospec.selection import (
     build_selector,
     round_speed,
 )
-from evospec.types import Draft, RoundTime, Verdict
+from evospec.types import ArmScore, Draft, RoundTime, Verdict
 from evospec.verify import verify_greedy
 
 SAMPLED = Sampler(SamplingConfig(temperature=1.0))
@@ -138,10 +138,40 @@ def test_hedge_learns_every_cheap_arm_from_every_round_and_a_pulled_neural_arm_u
         arm = selector.select()
         picks.append(arm)
         rewards = {name: float(rng.random() < mean) for name, mean in means.items()}
-        selector.observe({name: rewards[name] for name in "abc"})
+        selector.observe({name: ArmScore(rewards[name], "") for name in "abc"})
         selector.update(arm, rewards[arm])
     assert picks[-200:].count("c") > 0.8 * 200
     assert selector.log_weights["c"] > selector.log_weights["lm"] > selector.log_weights["a"]
+
+
+def test_the_contextual_selector_picks_by_each_rounds_labels_and_beats_every_single_arm():
+    """Two cheap arms whose drafts are good with a long match and poor with a short one, the long match
+    falling to either arm at random: the contextual selector follows this round's labels, so its
+    reward beats both arms', which a selector of one arm (Hedge) cannot."""
+    means = {"long": 0.9, "short": 0.2}
+    results = {}
+    for name in ("contextual", "hedge"):
+        selector, rng, total = build_selector(name, ["a", "b"], SelectorConfig(seed=1)), random.Random(0), 0.0
+        for _ in range(2000):
+            labels = dict(zip("ab", rng.sample(["long", "short"], 2)))
+            arm = selector.select(labels)
+            rewards = {other: float(rng.random() < means[labels[other]]) for other in "ab"}
+            selector.update(arm, rewards[arm])
+            selector.observe({other: ArmScore(rewards[other], labels[other]) for other in "ab"})
+            total += rewards[arm]
+        results[name] = total / 2000
+    assert results["contextual"] > 0.85 > 0.6 > results["hedge"]
+
+
+def test_the_contextual_selector_explores_an_arm_without_drafts_and_skips_a_cheap_one_without_a_draft():
+    selector = build_selector("contextual", ["lm", "a"], SelectorConfig(seed=1))
+    assert selector.select({"a": "match2"}) == "lm"  # never pulled, never scored: tried first
+    selector.update("lm", 0.5)
+    selector.observe({"a": ArmScore(0.25, "match2")})
+    assert selector.select({"a": "match2"}) == "lm"
+    selector.observe({"a": ArmScore(1.0, "match8")})
+    assert selector.select({"a": "match8"}) == "a"
+    assert selector.select({}) == "lm"  # a has nothing to draft this round
 
 
 def test_gaussian_thompson_concentrates_where_rewards_differ_by_hundredths_and_ucb_does_not():
@@ -230,6 +260,7 @@ def test_the_registry_lists_the_issues_selectors():
         "ucb-speed",
         "exp3",
         "hedge",
+        "contextual",
         "thompson",
         "thompson-speed",
         "egreedy",

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from evospec.errors import EvospecError
+from evospec.types import ArmScore
 
 
 @dataclass(frozen=True)
@@ -38,19 +39,21 @@ class Selector(Protocol):
 
     arms: tuple[str, ...]
     reward_kind: str  # "bd" (block divergence), "be" (block efficiency) or "speed" (round speed), see rewards.py
-    # Full information: besides the pulled arm's reward, observe() hears what every cheap arm's own
-    # draft of the round would have scored (the engine drafts them too: model-free drafters only).
+    # Full information: every cheap arm (model-free drafter) drafts every round, before the pick, and
+    # observe() hears what each of those drafts scored, once the output covers it.
     full_information: bool
 
-    def select(self) -> str:
-        """The arm to pull this round."""
+    def select(self, labels: Mapping[str, str] | None = None) -> str:
+        """The arm to pull this round; labels: full information only, each cheap awake arm's draft's label
+        this round (Draft.label; the cheap arms with nothing to draft are left out)."""
 
     def update(self, arm: str, reward: float) -> None:
         """The reward of the round in which `arm` was pulled."""
 
-    def observe(self, rewards: dict[str, float]) -> None:
-        """Full information only: the round's reward of each cheap arm's draft, the pulled arm's own
-        included when it is cheap; called before update of the same round."""
+    def observe(self, scores: Mapping[str, ArmScore]) -> None:
+        """Full information only: what each cheap arm's draft of a round scored, the pulled arm's own
+        included when it is cheap; called a few rounds after that round's update, once the output
+        covers the drafts (at the latest when the request ends)."""
 
     def begin_request(self, awake: Sequence[str]) -> None:
         """A new request starts; only the awake arms (the drafters with something to draft for it) may
@@ -138,7 +141,7 @@ class UCB(_Counts):
         super().__init__(arms, config)
         self.reward_kind = reward_kind
 
-    def select(self) -> str:
+    def select(self, labels: Mapping[str, str] | None = None) -> str:
         first = self.unpulled()
         if first is not None:
             return first
@@ -174,7 +177,7 @@ class EXP3(_Counts):
         total = sum(weights.values())
         return {arm: (1 - gamma) * w / total + gamma / len(self.awake) for arm, w in weights.items()}
 
-    def select(self) -> str:
+    def select(self, labels: Mapping[str, str] | None = None) -> str:
         self._last_probs = self.probabilities()
         return self.rng.choices(self.awake, weights=[self._last_probs[arm] for arm in self.awake])[0]
 
@@ -187,10 +190,10 @@ class EXP3(_Counts):
 
 class Hedge(EXP3):
     """Full-information exponential weights, as HedgeSpec (arXiv 2510.20064) runs them over drafters:
-    each round every cheap (model-free) arm drafts, and its draft is scored on the tokens the target
-    verified (accepted / k, censored at the verified tokens), so all cheap arms learn from every
-    round at the cost of their drafting. An arm without a counterfactual draft (a neural drafter)
-    learns only when pulled, importance-weighted as in EXP3, so that its weight is unbiased too."""
+    each round every cheap (model-free) arm drafts, and its draft is scored on the target's output
+    (accepted / k), so all cheap arms learn from every round at the cost of their drafting. An arm
+    without a counterfactual draft (a neural drafter) learns only when pulled, importance-weighted
+    as in EXP3, so that its weight is unbiased too."""
 
     reward_kind = "be"
     full_information = True
@@ -207,10 +210,10 @@ class Hedge(EXP3):
         for name in self.arms:
             self.log_weights[name] *= self.config.discount
 
-    def observe(self, rewards: dict[str, float]) -> None:
-        for arm, reward in rewards.items():
+    def observe(self, scores: Mapping[str, ArmScore]) -> None:
+        for arm, score in scores.items():
             self.observed.add(arm)
-            self.log_weights[arm] += self.config.exp3_gamma * reward
+            self.log_weights[arm] += self.config.exp3_gamma * score.reward
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "observed": sorted(self.observed)}
@@ -220,12 +223,77 @@ class Hedge(EXP3):
         self.observed = set(state["observed"]) & set(self.arms)
 
 
+class Contextual(_Counts):
+    """Full information with a context: before each pick every cheap arm drafts, and its draft's label
+    (the length of the match an n-gram or suffix draft continues) is the context. Each (arm, label)
+    keeps the mean block efficiency of every draft that arm made with that label, pulled or not (scored
+    on the output, as Hedge's), and the pick is the arm whose draft of this round belongs to the best
+    of them: a short match of one arm against a long match of the other. No one arm need be best on
+    a whole request, so it can need fewer rounds than any single arm, which no selector of one arm per
+    request can. A label not seen yet takes the arm's mean over all its labels. An arm without a draft
+    of its own (a neural drafter) is estimated from its pulls alone, with UCB's bonus; a cheap arm with
+    nothing to draft this round is not picked while another has."""
+
+    reward_kind = "be"
+    full_information = True
+
+    def reset(self) -> None:
+        super().reset()
+        self.scored: dict[str, dict[str, list[float]]] = {arm: {} for arm in self.arms}  # arm -> label -> [n, sum]
+        self.observed: set[str] = set()  # the cheap arms, known from observe()
+
+    def select(self, labels: Mapping[str, str] | None = None) -> str:
+        labels = labels or {}
+        first = next((arm for arm in self.awake if arm not in self.observed and self.pulls[arm] == 0), None)
+        if first is not None:
+            return first
+        total = sum(self.pulls.values())
+        return max(self.awake, key=lambda arm: self._estimate(arm, labels.get(arm), total))
+
+    def _estimate(self, arm: str, label: str | None, total: float) -> float:
+        if arm in self.observed:
+            if label is None:  # a cheap arm with nothing to draft this round
+                return -1.0
+            count, reward = self.scored[arm].get(label, (0.0, 0.0))
+            if not count:  # a label not seen yet
+                count = sum(n for n, _ in self.scored[arm].values())
+                reward = sum(r for _, r in self.scored[arm].values())
+            return reward / count if count else 1.0
+        return self.mean(arm) + self.config.beta * math.sqrt(2 * math.log(max(total, 1.0)) / self.pulls[arm])
+
+    def update(self, arm: str, reward: float) -> None:
+        super().update(arm, reward)
+        if self.config.discount < 1:
+            for labels in self.scored.values():
+                for values in labels.values():
+                    values[0] *= self.config.discount
+                    values[1] *= self.config.discount
+
+    def observe(self, scores: Mapping[str, ArmScore]) -> None:
+        for arm, score in scores.items():
+            self.observed.add(arm)
+            values = self.scored[arm].setdefault(score.label, [0.0, 0.0])
+            values[0] += 1
+            values[1] += score.reward
+
+    def state_dict(self) -> dict[str, Any]:
+        scored = {arm: {label: list(values) for label, values in labels.items()} for arm, labels in self.scored.items()}
+        return {**super().state_dict(), "scored": scored, "observed": sorted(self.observed)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.scored = {
+            arm: {label: [float(n), float(r)] for label, (n, r) in state["scored"][arm].items()} for arm in self.arms
+        }
+        self.observed = set(state["observed"]) & set(self.arms)
+
+
 class Thompson(_Counts):
     """Thompson sampling with Beta(1 + rewards, 1 + pulls - rewards) posteriors (rewards in [0, 1])."""
 
     reward_kind = "bd"
 
-    def select(self) -> str:
+    def select(self, labels: Mapping[str, str] | None = None) -> str:
         return max(
             self.awake,
             key=lambda arm: self.rng.betavariate(1 + self.rewards[arm], 1 + self.pulls[arm] - self.rewards[arm]),
@@ -266,7 +334,7 @@ class GaussianThompson(_Counts):
         variance = (deviations + 0.25) / (n + 1) / n
         return mean + math.sqrt(variance) * self.rng.gauss(0.0, 1.0)
 
-    def select(self) -> str:
+    def select(self, labels: Mapping[str, str] | None = None) -> str:
         first = self.unpulled()
         if first is not None:
             return first
@@ -278,7 +346,7 @@ class EpsilonGreedy(_Counts):
 
     reward_kind = "bd"
 
-    def select(self) -> str:
+    def select(self, labels: Mapping[str, str] | None = None) -> str:
         first = self.unpulled()
         if first is not None:
             return first
@@ -298,7 +366,7 @@ class Fixed(_Counts):
             raise EvospecError(f"fixed:{arm} names no drafter; the drafters are {list(self.arms)}")
         self.arm = arm
 
-    def select(self) -> str:
+    def select(self, labels: Mapping[str, str] | None = None) -> str:
         return self.arm
 
 
@@ -318,7 +386,7 @@ class RoundRobin(_Counts):
         super().load_state_dict(state)
         self._turn = int(state["turn"])
 
-    def select(self) -> str:
+    def select(self, labels: Mapping[str, str] | None = None) -> str:
         arm = self.awake[self._turn % len(self.awake)]
         self._turn += 1
         return arm
@@ -330,6 +398,7 @@ SELECTORS: dict[str, Callable[[Sequence[str], SelectorConfig, str | None], Selec
     "ucb-speed": lambda arms, config, arg: UCB(arms, config, reward_kind="speed"),
     "exp3": lambda arms, config, arg: EXP3(arms, config),
     "hedge": lambda arms, config, arg: Hedge(arms, config),
+    "contextual": lambda arms, config, arg: Contextual(arms, config),
     "thompson": lambda arms, config, arg: Thompson(arms, config),
     "thompson-speed": lambda arms, config, arg: GaussianThompson(arms, config, reward_kind="speed"),
     "egreedy": lambda arms, config, arg: EpsilonGreedy(arms, config),

@@ -24,7 +24,7 @@ import logging
 import secrets
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,7 +37,7 @@ from evospec.selection import Selector
 from evospec.serve.config import ClusterConfig, ServerConfig
 from evospec.serve.metrics import LearningMetrics, drafter_version
 from evospec.serve.worker import DurableState, Served
-from evospec.types import RoundFeedback
+from evospec.types import ArmScore, RoundFeedback
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +58,12 @@ class Pulled:
 
 @dataclass(frozen=True)
 class Scored:
-    """A full-information selector's rewards of each cheap arm's draft of a round (Selector.observe)."""
+    """A full-information selector's scores of each cheap arm's draft of a round (Selector.observe)."""
 
-    rewards: dict[str, float]
+    scores: dict[str, ArmScore]
 
     def apply(self, selector: Selector) -> None:
-        selector.observe(self.rewards)
+        selector.observe(self.scores)
 
 
 @dataclass(frozen=True)
@@ -199,17 +199,17 @@ class SharedSelector:
             for reward in self._outbox.untaken_rewards():
                 reward.apply(self.selector)
 
-    def select(self) -> str:
+    def select(self, labels: Mapping[str, str] | None = None) -> str:
         self.catch_up()
-        return self.selector.select()
+        return self.selector.select(labels)
 
     def update(self, arm: str, reward: float) -> None:
         self.selector.update(arm, reward)
         self._outbox.reward(Pulled(arm, reward))
 
-    def observe(self, rewards: dict[str, float]) -> None:
-        self.selector.observe(rewards)
-        self._outbox.reward(Scored(dict(rewards)))
+    def observe(self, scores: Mapping[str, ArmScore]) -> None:
+        self.selector.observe(scores)
+        self._outbox.reward(Scored(dict(scores)))
 
     def begin_request(self, awake: Sequence[str]) -> None:
         self.selector.begin_request(awake)
