@@ -1,0 +1,188 @@
+"""How few rounds any selector over the model-free arms could need on a recorded stream: the bounds
+that a bandit's rounds are measured against.
+
+A greedy target's answer does not depend on who drafted, so the context at every position of a
+request is known in advance, and so is what each model-free arm would draft there and how much of
+it the target would accept (its common prefix with the recorded answer). From that, per request:
+- each arm alone: its own rounds, as `evospec replay --method evospec:ARM` counts them;
+- the oracle per request: the best arm for the request, chosen in hindsight (the most a selector
+  that keeps one arm per request could reach, e.g. MetaSD's UCB on a stream where domains differ);
+- the oracle per round: at every position the arm whose draft takes the answer furthest, by
+  dynamic programming over positions (the most any selector could reach; it needs to know which
+  draft the target will accept, so no selector reaches it).
+
+    python benchmarks/selection_oracle.py --traces gsm=GSM --traces code=CODE \
+        --stream 'gsm[1800:1880]+code[0:80]' --interleave --k 4 --out benchmarks/selection-oracle-smollm2-mixed
+
+The oracle per round calls each arm at every position, so the suffix arm's corpus also holds the
+last tokens of each answer that its own run never drafts after; the difference is a few tokens a request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+from evospec.bench.methods import MODEL_FREE  # noqa: E402
+from evospec.bench.replay import stream_of  # noqa: E402
+from evospec.bench.traces import load_traces  # noqa: E402
+from evospec.config import SamplingConfig  # noqa: E402
+from evospec.drafters.base import common_prefix_length  # noqa: E402
+from evospec.errors import EvospecError  # noqa: E402
+from evospec.machine import cpu_description  # noqa: E402
+from evospec.models.replay import Answer  # noqa: E402
+from evospec.sampling import Sampler  # noqa: E402
+
+GREEDY = Sampler(SamplingConfig())
+
+
+def own_rounds(drafter, answer: Answer, k: int) -> int:
+    """The rounds (verifications, the prefill's included) of a run with this arm alone, as the engine
+    counts them at a fixed draft length k."""
+    drafter.begin(list(answer.prompt_ids), ())
+    context, length = list(answer.prompt_ids), len(answer.answer_ids)
+    emitted, rounds = 1, 1  # the prefill's verification emits the first token
+    context.append(answer.answer_ids[0])
+    while emitted < length:
+        asked = min(k, length - emitted - 1)
+        accepted = 0
+        if asked > 0:
+            draft = drafter.propose(context, asked, GREEDY).tokens.tolist()
+            accepted = common_prefix_length(draft, list(answer.answer_ids[emitted : emitted + len(draft)]))
+        step = min(accepted + 1, length - emitted)
+        context.extend(answer.answer_ids[emitted : emitted + step])
+        emitted += step
+        rounds += 1
+    return rounds
+
+
+def accepted_everywhere(drafter, answer: Answer, k: int) -> list[int]:
+    """[len(answer)] how many drafted tokens the target would accept at each position (0 where nothing is drafted)."""
+    drafter.begin(list(answer.prompt_ids), ())
+    tokens, prompt, length = answer.tokens, len(answer.prompt_ids), len(answer.answer_ids)
+    accepted = [0] * length
+    for emitted in range(1, length):
+        asked = min(k, length - emitted - 1)
+        if asked > 0:
+            draft = drafter.propose(tokens[: prompt + emitted], asked, GREEDY).tokens.tolist()
+            accepted[emitted] = common_prefix_length(draft, list(answer.answer_ids[emitted : emitted + len(draft)]))
+    return accepted
+
+
+def oracle_per_round(accepted: dict[str, list[int]], length: int) -> int:
+    """The fewest rounds of a request when every round may pick any arm: R(t) = 1 + min_a R(t + 1 + acc_a(t))."""
+    fewest = [0] * (length + 1)
+    for emitted in range(length - 1, 0, -1):
+        fewest[emitted] = 1 + min(fewest[min(length, emitted + 1 + acc[emitted])] for acc in accepted.values())
+    return 1 + fewest[1] if length > 1 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--traces", action="append", required=True, help="NAME=DIR, as evospec replay takes it")
+    parser.add_argument("--stream", help="as evospec replay takes it")
+    parser.add_argument("--interleave", action="store_true")
+    parser.add_argument("--arm", action="append", choices=["ngram", "suffix"], help="default: both")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--block-size", type=int, default=40)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    try:
+        sets = {}
+        for item in args.traces:
+            name, _, directory = item.partition("=")
+            if not directory:
+                raise EvospecError(f"--traces takes NAME=DIR, got {item!r}")
+            sets[name] = load_traces(Path(directory))
+        stream = stream_of(sets, args.stream, args.interleave)
+    except EvospecError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    arms = args.arm or ["ngram", "suffix"]
+    alone = {arm: MODEL_FREE[arm]() for arm in arms}
+    everywhere = {arm: MODEL_FREE[arm]() for arm in arms}
+    requests = []
+    for part, answer in tqdm(stream, desc="oracle", unit="request"):
+        rounds = {arm: own_rounds(alone[arm], answer, args.k) for arm in arms}
+        accepted = {arm: accepted_everywhere(everywhere[arm], answer, args.k) for arm in arms}
+        rounds["oracle per request"] = min(rounds[arm] for arm in arms)
+        rounds["oracle per round"] = oracle_per_round(accepted, len(answer.answer_ids))
+        requests.append({"part": part, "tokens": len(answer.answer_ids), "rounds": rounds})
+
+    methods = [*arms, "oracle per request", "oracle per round"]
+    total = {method: sum(r["rounds"][method] for r in requests) for method in methods}
+    best = min(arms, key=total.__getitem__)
+    parts = sorted({r["part"] for r in requests})
+    by_part = {
+        part: {method: sum(r["rounds"][method] for r in requests if r["part"] == part) for method in methods}
+        for part in parts
+    }
+    tokens = sum(r["tokens"] for r in requests)
+    results = {
+        "command": "python benchmarks/selection_oracle.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "stream": args.stream,
+        "interleaved": args.interleave,
+        "prompts": len(requests),
+        "new_tokens": tokens,
+        "num_speculative_tokens": args.k,
+        "cpu": cpu_description(),
+        "best_single_arm": best,
+        "methods": {
+            method: {
+                "rounds": total[method],
+                "tau": round(tokens / total[method], 4),
+                "rounds_vs_best_single_arm": round(total[method] / total[best], 4),
+            }
+            for method in methods
+        },
+        "by_part": by_part,
+        "requests_won": {
+            arm: sum(r["rounds"][arm] == r["rounds"]["oracle per request"] for r in requests) for arm in arms
+        },
+        "per_request": requests,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    plot(requests, methods, best, args.block_size, out / "oracle.png")
+    for method in methods:
+        fields = results["methods"][method]
+        ratio = fields["rounds_vs_best_single_arm"]
+        print(f"{method:20s} rounds {fields['rounds']:7d}  tau {fields['tau']:.3f}  {ratio:.3f}x")
+    for part, counts in by_part.items():
+        print(part, {method: f"{counts[method] / counts[best]:.3f}x" for method in methods})
+    return 0
+
+
+def plot(requests: list[dict], methods: list[str], best: str, block_size: int, path: Path) -> None:
+    """Rounds per block of requests, relative to the best single arm's."""
+    blocks = range(0, len(requests), block_size)
+    figure, axes = plt.subplots(figsize=(8, 4))
+    for method in methods:
+        ratios = [
+            sum(r["rounds"][method] for r in requests[start : start + block_size])
+            / sum(r["rounds"][best] for r in requests[start : start + block_size])
+            for start in blocks
+        ]
+        axes.plot([start for start in blocks], ratios, marker="o", label=method)
+    axes.set_xlabel("request")
+    axes.set_ylabel(f"rounds / {best}'s rounds")
+    axes.set_title("rounds per block against the best single arm")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
