@@ -35,6 +35,7 @@ from tqdm.auto import tqdm  # noqa: E402
 from evospec.bench.methods import MODEL_FREE  # noqa: E402
 from evospec.bench.replay import stream_of  # noqa: E402
 from evospec.bench.traces import load_traces  # noqa: E402
+from evospec.cli import named_traces  # noqa: E402
 from evospec.config import SamplingConfig  # noqa: E402
 from evospec.drafters.base import common_prefix_length  # noqa: E402
 from evospec.errors import EvospecError  # noqa: E402
@@ -88,7 +89,7 @@ def oracle_per_round(accepted: dict[str, list[int]], length: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--traces", action="append", required=True, help="NAME=DIR, as evospec replay takes it")
+    parser.add_argument("--traces", action="append", required=True, help="[NAME=]DIR, as evospec replay takes it")
     parser.add_argument("--stream", help="as evospec replay takes it")
     parser.add_argument("--interleave", action="store_true")
     parser.add_argument("--arm", action="append", choices=["ngram", "suffix"], help="default: both")
@@ -97,12 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     try:
-        sets = {}
-        for item in args.traces:
-            name, _, directory = item.partition("=")
-            if not directory:
-                raise EvospecError(f"--traces takes NAME=DIR, got {item!r}")
-            sets[name] = load_traces(Path(directory))
+        sets = {name: load_traces(directory) for name, directory in named_traces(args.traces)}
         stream = stream_of(sets, args.stream, args.interleave)
     except EvospecError as error:
         print(f"error: {error}", file=sys.stderr)

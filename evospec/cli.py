@@ -473,7 +473,7 @@ def cmd_traces_collect(args: argparse.Namespace) -> None:
         print(f"token ids written to {args.export} (answers.jsonl.gz, meta.json)")
 
 
-def _named_traces(values: list[str]) -> tuple[tuple[str, Path], ...]:
+def named_traces(values: list[str]) -> tuple[tuple[str, Path], ...]:
     """--traces NAME=DIR (or DIR, named by its folder) -> ((name, directory), ...)."""
     named = []
     for value in values:
@@ -489,7 +489,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
     from evospec.bench.replay import ReplaySettings, run_replay
 
     settings = ReplaySettings(
-        traces=_named_traces(args.traces),
+        traces=named_traces(args.traces),
         stream=args.stream,
         interleave=args.interleave,
         methods=tuple(args.method),

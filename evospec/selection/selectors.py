@@ -239,19 +239,19 @@ class Contextual(_Counts):
 
     def reset(self) -> None:
         super().reset()
-        self.scored: dict[str, dict[str, list[float]]] = {arm: {} for arm in self.arms}  # arm -> label -> [n, sum]
-        self.observed: set[str] = set()  # the cheap arms, known from observe()
+        # arm -> label -> [drafts, reward sum]; the cheap arms are those observe() has scored
+        self.scored: dict[str, dict[str, list[float]]] = {arm: {} for arm in self.arms}
 
     def select(self, labels: Mapping[str, str] | None = None) -> str:
         labels = labels or {}
-        first = next((arm for arm in self.awake if arm not in self.observed and self.pulls[arm] == 0), None)
+        first = next((arm for arm in self.awake if not self.scored[arm] and self.pulls[arm] == 0), None)
         if first is not None:
             return first
         total = sum(self.pulls.values())
         return max(self.awake, key=lambda arm: self._estimate(arm, labels.get(arm), total))
 
     def _estimate(self, arm: str, label: str | None, total: float) -> float:
-        if arm in self.observed:
+        if self.scored[arm]:
             if label is None:  # a cheap arm with nothing to draft this round
                 return -1.0
             count, reward = self.scored[arm].get(label, (0.0, 0.0))
@@ -271,21 +271,19 @@ class Contextual(_Counts):
 
     def observe(self, scores: Mapping[str, ArmScore]) -> None:
         for arm, score in scores.items():
-            self.observed.add(arm)
             values = self.scored[arm].setdefault(score.label, [0.0, 0.0])
             values[0] += 1
             values[1] += score.reward
 
     def state_dict(self) -> dict[str, Any]:
         scored = {arm: {label: list(values) for label, values in labels.items()} for arm, labels in self.scored.items()}
-        return {**super().state_dict(), "scored": scored, "observed": sorted(self.observed)}
+        return {**super().state_dict(), "scored": scored}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.scored = {
             arm: {label: [float(n), float(r)] for label, (n, r) in state["scored"][arm].items()} for arm in self.arms
         }
-        self.observed = set(state["observed"]) & set(self.arms)
 
 
 class Thompson(_Counts):
