@@ -5,7 +5,8 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 # llama-cpp-python compiles llama.cpp for this CPU (pip keeps the wheel in its cache, so once per
-# machine); the multimodal library is not needed and would double the build time.
+# machine); the multimodal library and llama.cpp's common library are not needed and would double the
+# build time (cmake/llama-cpp-python-lean.cmake says how the second is left out).
 # llama.cpp's AMX kernels crash in ggml_backend_amx_mul_mat on Sapphire Rapids (ggml-org/llama.cpp#20824,
 # unfixed in 0.3.36), so on a CPU with AMX it is built for that CPU's AVX-512 set instead of -march=native.
 CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
@@ -13,7 +14,7 @@ ifneq ($(filter amx_int8,$(CPU_FLAGS)),)
 LLAMA_ISA := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
 	-DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
 endif
-export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF $(LLAMA_ISA)
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/cmake/llama-cpp-python-lean.cmake $(LLAMA_ISA)
 
 .PHONY: install demo test bench clean
 
