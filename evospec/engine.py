@@ -20,7 +20,7 @@ from evospec.sampling import Sampler
 from evospec.selection import REWARDS, Selector, build_selector
 from evospec.stats import SpecStats
 from evospec.target import FEEDBACK_TOP_K, LanguageModel, PromptPass, top_next_tokens
-from evospec.types import ArmScore, Attempt, Draft, RoundFeedback, RoundTime, Verdict
+from evospec.types import ArmScore, Attempt, Draft, Offer, RoundFeedback, RoundTime, Verdict
 from evospec.verify import verify
 
 
@@ -86,6 +86,7 @@ class Engine:
         )
         if self.selector is not None and self.selector.reward_kind == "speed" and forward_cost is None:
             raise EvospecError(f"selector {self.selector} rewards speed: it needs the target's measured forward cost")
+        self.forward_cost = forward_cost
         self.step_s = forward_cost.of(1) if forward_cost else 0.0  # T(1), for the speed reward
         self.eos_token_ids = eos_token_ids
         self.context_length = context_length
@@ -193,10 +194,10 @@ class Engine:
 
     def _draft(self, context: list[int], room: int, config: GenerationConfig, sampler: Sampler) -> Attempt | None:
         """This round's attempt: the selected drafter's draft of at most `room` tokens. A full-information
-        selector picks having seen the label of every cheap awake drafter's draft of the round."""
+        selector picks having seen every cheap awake drafter's draft of the round (as an Offer)."""
         start = self.clock()
         cheap = self._cheap_drafts(context, room, config, sampler)
-        name = self.selector.select({arm: draft.label for arm, (draft, _) in cheap.items()})
+        name = self.selector.select({arm: self._offer(arm, draft, asked) for arm, (draft, asked) in cheap.items()})
         drafter = self.drafters[name]
         if name in cheap:
             proposed, asked = cheap.pop(name)
@@ -225,6 +226,13 @@ class Engine:
                     drafts[name] = (self.drafters[name].propose(context, asked, sampler), asked)
         return drafts
 
+    def _offer(self, arm: str, draft: Draft, asked: int) -> Offer:
+        """A cheap draft as the selector sees it: the part of it the draft-length policy would verify,
+        and what verifying that would cost where T(n) is known."""
+        size = self.draft_length.keep(arm, draft)
+        steps = self.forward_cost.of(1 + size) / self.step_s if self.forward_cost is not None else None
+        return Offer(draft.label, asked, size, steps)
+
     def _feed_back(
         self, attempt: Attempt, verdict: Verdict, passed: TargetPass, sampler: Sampler, stats: SpecStats
     ) -> None:
@@ -234,7 +242,8 @@ class Engine:
             passed.logits, attempt.draft, verdict, sampler, attempt.asked, seconds
         )
         if self.selector.full_information and attempt.asked:  # every cheap draft, scored once the output covers it
-            pulled = ArmScore(reward, attempt.draft.label) if self.drafters[attempt.drafter].model_free else None
+            efficiency = verdict.num_accepted / attempt.asked  # what observe() hears, whatever the selector's reward
+            pulled = ArmScore(efficiency, attempt.draft.label) if self.drafters[attempt.drafter].model_free else None
             self._unscored.append((attempt, pulled))
         self.selector.update(attempt.drafter, reward)
         self.draft_length.observe(attempt, verdict)

@@ -65,6 +65,16 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class Offer:
+    """One cheap arm's draft of a round as a full-information selector sees it, before the pick."""
+
+    label: str  # the draft's kind (Draft.label), the context a contextual selector keys its estimates by
+    asked: int  # tokens the arm was asked for
+    size: int  # tokens of it that would be verified (what the draft-length policy keeps)
+    verify_steps: float | None = None  # T(1 + size) / T(1): its verification in one-token steps; None without T(n)
+
+
+@dataclass(frozen=True)
 class ArmScore:
     """What one cheap arm's draft of a round achieved, for a full-information selector (Selector.observe)."""
 

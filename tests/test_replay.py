@@ -57,6 +57,10 @@ def engines(target: LoadedModel, real: LoadedModel) -> dict:
         built[f"select:{selector}"] = build_engine(
             target, arms, selector=build_selector(selector, [a.name for a in arms])
         )
+    # Model-free arms only: the speed reward of a neural arm's pulls is timed, live and replayed alike.
+    arms = [NgramDrafter(), SuffixDrafter()]
+    selector = build_selector("contextual-speed", [a.name for a in arms])
+    built["select:contextual-speed"] = build_engine(target, arms, selector=selector, forward_cost=COST)
     (drafter,), learners = eagle("ogd")  # an arm that evolves while the selector picks
     arms = [drafter, NgramDrafter(), SuffixDrafter()]
     selector = build_selector("ucb-be", [a.name for a in arms])
@@ -94,7 +98,7 @@ def recorded_answers(target: LoadedModel, prompts: list[list[int]], max_new_toke
 # many steps (a tiny random drafter has many near-ties): their rounds must agree within
 # LEARNING_TOLERANCE, and the rows they learn from within ROW_TOLERANCE of the live ones. A frozen
 # white-box drafter reads them too: a near-tie in its draft may flip alike.
-EXACT = ("ngram", "suffix/k=auto", "select:ucb-be", "select:hedge", "select:contextual")
+EXACT = ("ngram", "suffix/k=auto", "select:ucb-be", "select:hedge", "select:contextual", "select:contextual-speed")
 LEARNING_TOLERANCE = 0.05
 ROW_TOLERANCE = 1e-5
 

@@ -21,7 +21,7 @@ from evospec.selection import (
     build_selector,
     round_speed,
 )
-from evospec.types import ArmScore, Draft, RoundTime, Verdict
+from evospec.types import ArmScore, Draft, Offer, RoundTime, Verdict
 from evospec.verify import verify_greedy
 
 SAMPLED = Sampler(SamplingConfig(temperature=1.0))
@@ -154,7 +154,7 @@ def test_the_contextual_selector_picks_by_each_rounds_labels_and_beats_every_sin
         selector, rng, total = build_selector(name, ["a", "b"], SelectorConfig(seed=1)), random.Random(0), 0.0
         for _ in range(2000):
             labels = dict(zip("ab", rng.sample(["long", "short"], 2)))
-            arm = selector.select(labels)
+            arm = selector.select({other: Offer(label, asked=4, size=4) for other, label in labels.items()})
             rewards = {other: float(rng.random() < means[labels[other]]) for other in "ab"}
             selector.update(arm, rewards[arm])
             selector.observe({other: ArmScore(rewards[other], labels[other]) for other in "ab"})
@@ -165,13 +165,49 @@ def test_the_contextual_selector_picks_by_each_rounds_labels_and_beats_every_sin
 
 def test_the_contextual_selector_explores_an_arm_without_drafts_and_skips_a_cheap_one_without_a_draft():
     selector = build_selector("contextual", ["lm", "a"], SelectorConfig(seed=1))
-    assert selector.select({"a": "match2"}) == "lm"  # never pulled, never scored: tried first
+    match2, match8 = {"a": Offer("match2", 4, 4)}, {"a": Offer("match8", 4, 4)}
+    assert selector.select(match2) == "lm"  # never pulled, never scored: tried first
     selector.update("lm", 0.5)
     selector.observe({"a": ArmScore(0.25, "match2")})
-    assert selector.select({"a": "match2"}) == "lm"
+    assert selector.select(match2) == "lm"
     selector.observe({"a": ArmScore(1.0, "match8")})
-    assert selector.select({"a": "match8"}) == "a"
+    assert selector.select(match8) == "a"
     assert selector.select({}) == "lm"  # a has nothing to draft this round
+
+
+def test_contextual_speed_weighs_each_drafts_accepted_tokens_against_the_cost_of_verifying_it():
+    """Asked for 8 tokens, arm a drafts all 8 and gets half of them accepted; b drafts 2 and gets both.
+    Per round a is better (4 tokens against 2), so the contextual selector picks it; per second b is,
+    where T(9) = 3 T(1) and T(3) = 1.5 T(1): (1 + 2) / 1.5 = 2 against (1 + 4) / 3 = 1.67 one-token steps."""
+    offers = {
+        "a": Offer("long", asked=8, size=8, verify_steps=3.0),
+        "b": Offer("short", asked=8, size=2, verify_steps=1.5),
+    }
+    selectors = {name: build_selector(name, ["a", "b"]) for name in ("contextual", "contextual-speed")}
+    for selector in selectors.values():
+        selector.observe({"a": ArmScore(4 / 8, "long"), "b": ArmScore(2 / 8, "short")})
+    assert {name: selector.select(offers) for name, selector in selectors.items()} == {
+        "contextual": "a",
+        "contextual-speed": "b",
+    }
+    # Where verifying costs the same whatever the length (a GPU at batch 1), both pick a.
+    flat = {arm: Offer(offer.label, offer.asked, offer.size, verify_steps=1.0) for arm, offer in offers.items()}
+    assert selectors["contextual-speed"].select(flat) == "a"
+
+
+def test_contextual_speed_weighs_a_neural_arms_round_speed_against_the_cheap_drafts_speedup():
+    """lm's pulls earned round-speed rewards of 0.6 (a speedup of 1.5); a's draft is expected to get
+    1 of 4 tokens accepted at T(5) = 2.5 T(1), a speedup of 0.8: lm is picked, and a once its draft
+    is expected to get all 4 (speedup 2)."""
+    selector = build_selector("contextual-speed", ["lm", "a"], SelectorConfig(beta=0.0))
+    for _ in range(10):
+        selector.update("lm", 0.6)
+    selector.observe({"a": ArmScore(0.25, "short")})
+    selector.observe({"a": ArmScore(1.0, "long")})
+    assert selector.select({"a": Offer("short", 4, 4, verify_steps=2.5)}) == "lm"
+    assert selector.select({"a": Offer("long", 4, 4, verify_steps=2.5)}) == "a"
+    with pytest.raises(EvospecError, match="forward cost"):
+        selector.select({"a": Offer("long", 4, 4)})
 
 
 def test_gaussian_thompson_concentrates_where_rewards_differ_by_hundredths_and_ucb_does_not():
@@ -261,6 +297,7 @@ def test_the_registry_lists_the_issues_selectors():
         "exp3",
         "hedge",
         "contextual",
+        "contextual-speed",
         "thompson",
         "thompson-speed",
         "egreedy",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from evospec.errors import EvospecError
-from evospec.types import ArmScore
+from evospec.types import ArmScore, Offer
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,9 @@ class Selector(Protocol):
     # observe() hears what each of those drafts scored, once the output covers it.
     full_information: bool
 
-    def select(self, labels: Mapping[str, str] | None = None) -> str:
-        """The arm to pull this round; labels: full information only, each cheap awake arm's draft's label
-        this round (Draft.label; the cheap arms with nothing to draft are left out)."""
+    def select(self, offers: Mapping[str, Offer] | None = None) -> str:
+        """The arm to pull this round; offers: full information only, each cheap awake arm's draft of this
+        round (the cheap arms with nothing to draft are left out)."""
 
     def update(self, arm: str, reward: float) -> None:
         """The reward of the round in which `arm` was pulled."""
@@ -141,7 +141,7 @@ class UCB(_Counts):
         super().__init__(arms, config)
         self.reward_kind = reward_kind
 
-    def select(self, labels: Mapping[str, str] | None = None) -> str:
+    def select(self, offers: Mapping[str, Offer] | None = None) -> str:
         first = self.unpulled()
         if first is not None:
             return first
@@ -177,7 +177,7 @@ class EXP3(_Counts):
         total = sum(weights.values())
         return {arm: (1 - gamma) * w / total + gamma / len(self.awake) for arm, w in weights.items()}
 
-    def select(self, labels: Mapping[str, str] | None = None) -> str:
+    def select(self, offers: Mapping[str, Offer] | None = None) -> str:
         self._last_probs = self.probabilities()
         return self.rng.choices(self.awake, weights=[self._last_probs[arm] for arm in self.awake])[0]
 
@@ -242,24 +242,29 @@ class Contextual(_Counts):
         # arm -> label -> [drafts, reward sum]; the cheap arms are those observe() has scored
         self.scored: dict[str, dict[str, list[float]]] = {arm: {} for arm in self.arms}
 
-    def select(self, labels: Mapping[str, str] | None = None) -> str:
-        labels = labels or {}
+    def select(self, offers: Mapping[str, Offer] | None = None) -> str:
+        offers = offers or {}
         first = next((arm for arm in self.awake if not self.scored[arm] and self.pulls[arm] == 0), None)
         if first is not None:
             return first
         total = sum(self.pulls.values())
-        return max(self.awake, key=lambda arm: self._estimate(arm, labels.get(arm), total))
+        return max(self.awake, key=lambda arm: self._estimate(arm, offers.get(arm), total))
 
-    def _estimate(self, arm: str, label: str | None, total: float) -> float:
-        if self.scored[arm]:
-            if label is None:  # a cheap arm with nothing to draft this round
-                return -1.0
-            count, reward = self.scored[arm].get(label, (0.0, 0.0))
-            if not count:  # a label not seen yet
-                count = sum(n for n, _ in self.scored[arm].values())
-                reward = sum(r for _, r in self.scored[arm].values())
-            return reward / count if count else 1.0
+    def _estimate(self, arm: str, offer: Offer | None, total: float) -> float:
+        if offer is not None:  # a cheap arm: known by its scores alone, never by the rewards of its pulls
+            return self._efficiency(arm, offer.label)
+        if self.scored[arm]:  # a cheap arm with nothing to draft this round
+            return -1.0
         return self.mean(arm) + self.config.beta * math.sqrt(2 * math.log(max(total, 1.0)) / self.pulls[arm])
+
+    def _efficiency(self, arm: str, label: str) -> float:
+        """The mean block efficiency of the arm's drafts with this label (of all its drafts for a new label;
+        1, the most, before any was scored)."""
+        count, reward = self.scored[arm].get(label, (0.0, 0.0))
+        if not count:
+            count = sum(n for n, _ in self.scored[arm].values())
+            reward = sum(r for _, r in self.scored[arm].values())
+        return reward / count if count else 1.0
 
     def update(self, arm: str, reward: float) -> None:
         super().update(arm, reward)
@@ -286,12 +291,32 @@ class Contextual(_Counts):
         }
 
 
+class ContextualSpeed(Contextual):
+    """The contextual selector for a target whose verification grows dearer with the draft's length, as
+    on a CPU: it picks the draft with the most tokens per second, not per round. A draft with label l of
+    arm i is expected to have min(BE(i, l) * asked, size) tokens accepted, and its round emits those and
+    one more in T(1 + size), a speedup s = (1 + accepted) / (T(1 + size) / T(1)) over a plain step. That
+    is weighed as s / (1 + s), the round-speed reward (rewards.py) by which an arm without drafts of its
+    own is estimated from its pulls. It needs the target's forward cost T(n) (Offer.verify_steps)."""
+
+    reward_kind = "speed"
+
+    def _estimate(self, arm: str, offer: Offer | None, total: float) -> float:
+        if offer is None:
+            return super()._estimate(arm, offer, total)
+        if offer.verify_steps is None:
+            raise EvospecError("the contextual-speed selector needs the target's forward cost T(n)")
+        accepted = min(self._efficiency(arm, offer.label) * offer.asked, offer.size)
+        speedup = (1 + accepted) / offer.verify_steps
+        return speedup / (1 + speedup)
+
+
 class Thompson(_Counts):
     """Thompson sampling with Beta(1 + rewards, 1 + pulls - rewards) posteriors (rewards in [0, 1])."""
 
     reward_kind = "bd"
 
-    def select(self, labels: Mapping[str, str] | None = None) -> str:
+    def select(self, offers: Mapping[str, Offer] | None = None) -> str:
         return max(
             self.awake,
             key=lambda arm: self.rng.betavariate(1 + self.rewards[arm], 1 + self.pulls[arm] - self.rewards[arm]),
@@ -332,7 +357,7 @@ class GaussianThompson(_Counts):
         variance = (deviations + 0.25) / (n + 1) / n
         return mean + math.sqrt(variance) * self.rng.gauss(0.0, 1.0)
 
-    def select(self, labels: Mapping[str, str] | None = None) -> str:
+    def select(self, offers: Mapping[str, Offer] | None = None) -> str:
         first = self.unpulled()
         if first is not None:
             return first
@@ -344,7 +369,7 @@ class EpsilonGreedy(_Counts):
 
     reward_kind = "bd"
 
-    def select(self, labels: Mapping[str, str] | None = None) -> str:
+    def select(self, offers: Mapping[str, Offer] | None = None) -> str:
         first = self.unpulled()
         if first is not None:
             return first
@@ -364,7 +389,7 @@ class Fixed(_Counts):
             raise EvospecError(f"fixed:{arm} names no drafter; the drafters are {list(self.arms)}")
         self.arm = arm
 
-    def select(self, labels: Mapping[str, str] | None = None) -> str:
+    def select(self, offers: Mapping[str, Offer] | None = None) -> str:
         return self.arm
 
 
@@ -384,7 +409,7 @@ class RoundRobin(_Counts):
         super().load_state_dict(state)
         self._turn = int(state["turn"])
 
-    def select(self, labels: Mapping[str, str] | None = None) -> str:
+    def select(self, offers: Mapping[str, Offer] | None = None) -> str:
         arm = self.awake[self._turn % len(self.awake)]
         self._turn += 1
         return arm
@@ -397,6 +422,7 @@ SELECTORS: dict[str, Callable[[Sequence[str], SelectorConfig, str | None], Selec
     "exp3": lambda arms, config, arg: EXP3(arms, config),
     "hedge": lambda arms, config, arg: Hedge(arms, config),
     "contextual": lambda arms, config, arg: Contextual(arms, config),
+    "contextual-speed": lambda arms, config, arg: ContextualSpeed(arms, config),
     "thompson": lambda arms, config, arg: Thompson(arms, config),
     "thompson-speed": lambda arms, config, arg: GaussianThompson(arms, config, reward_kind="speed"),
     "egreedy": lambda arms, config, arg: EpsilonGreedy(arms, config),

@@ -37,7 +37,7 @@ from evospec.selection import Selector
 from evospec.serve.config import ClusterConfig, ServerConfig
 from evospec.serve.metrics import LearningMetrics, drafter_version
 from evospec.serve.worker import DurableState, Served
-from evospec.types import ArmScore, RoundFeedback
+from evospec.types import ArmScore, Offer, RoundFeedback
 
 log = logging.getLogger(__name__)
 
@@ -199,9 +199,9 @@ class SharedSelector:
             for reward in self._outbox.untaken_rewards():
                 reward.apply(self.selector)
 
-    def select(self, labels: Mapping[str, str] | None = None) -> str:
+    def select(self, offers: Mapping[str, Offer] | None = None) -> str:
         self.catch_up()
-        return self.selector.select(labels)
+        return self.selector.select(offers)
 
     def update(self, arm: str, reward: float) -> None:
         self.selector.update(arm, reward)
