@@ -28,6 +28,7 @@ from evospec.cost import MEASURED, ForwardCost, cost_profiles, profile_cost, pro
 from evospec.errors import EvospecError
 from evospec.learning import LearnerConfig
 from evospec.machine import cpu_description
+from evospec.models.backend import LoadedModel
 from evospec.models.loading import load_model
 from evospec.models.replay import Answer, Recording, replayed
 from evospec.stats import SpecStats
@@ -73,6 +74,23 @@ def stream_of(sets: dict[str, TraceSet], stream: str | None, interleave: bool) -
     return [part[i] for i in range(longest) for part in parts if i < len(part)]
 
 
+def recorded_target(sets: dict[str, TraceSet]) -> tuple[LoadedModel, LoadConfig]:
+    """The real target the trace sets were recorded from, loaded as it ran then, and its load settings."""
+    metas = {(s.meta["target"], s.meta["backend"], s.meta["weights"]) for s in sets.values()}
+    if len(metas) != 1:
+        raise EvospecError(f"the trace sets were recorded from different targets: {sorted(metas)}")
+    target_name, backend, weights = metas.pop()
+    load = LoadConfig(dtype=weights if weights in DTYPES else None)  # the weights run as they were recorded
+    return load_model(target_name, backend, load), load
+
+
+def target_cost(target: LoadedModel, profile: str, max_tokens: int) -> ForwardCost:
+    """T(n) of the target up to max_tokens under a profile: this machine's (MEASURED), or a named
+    profile's shape scaled by this machine's T(1)."""
+    measured = target.forward_cost(max_tokens)
+    return measured if profile == MEASURED else profile_cost(profile, measured.of(1), max_tokens)
+
+
 def run_replay(settings: ReplaySettings) -> dict:
     """Replay the stream with every method; write results.json/.md, tau per block, and the selectors' plot."""
     if settings.block_size < 1:
@@ -81,23 +99,17 @@ def run_replay(settings: ReplaySettings) -> dict:
     if settings.live and settings.profile != MEASURED:
         raise EvospecError("a live run is timed for real: --live takes no --profile")
     sets = {name: load_traces(directory) for name, directory in settings.traces}
-    metas = {(s.meta["target"], s.meta["backend"], s.meta["weights"]) for s in sets.values()}
-    if len(metas) != 1:
-        raise EvospecError(f"the trace sets were recorded from different targets: {sorted(metas)}")
-    target_name, backend, weights = metas.pop()
     stream = stream_of(sets, settings.stream, settings.interleave)
-    load = LoadConfig(dtype=weights if weights in DTYPES else None)  # the weights run as they were recorded
-    target = load_model(target_name, backend, load)
+    target, load = recorded_target(sets)
     max_tokens = settings.num_speculative_tokens + 1
-    measured = target.forward_cost(max_tokens)
-    cost = measured if settings.profile == MEASURED else profile_cost(settings.profile, measured.of(1), max_tokens)
+    measured, cost = target.forward_cost(max_tokens), target_cost(target, settings.profile, max_tokens)
 
     answers = list(dict.fromkeys(answer for _, answer in stream))
     rows_paths = {
         answer: traces.rows_path(index) for traces in sets.values() for index, answer in enumerate(traces.answers)
     }
     recording = Recording(answers, target.vocab_size, cost, target, [rows_paths[answer] for answer in answers])
-    draft_model = load_model(settings.draft_model, backend, load) if settings.draft_model else None
+    draft_model = load_model(settings.draft_model, target.backend.name, load) if settings.draft_model else None
     engines = {}
     for name in settings.methods:  # NAME@field=value,...: the method with its own learner settings
         base, learning = learner_settings(name, settings.learning)
@@ -143,7 +155,7 @@ def run_replay(settings: ReplaySettings) -> dict:
         "profile": settings.profile,
         "profile_source": source,
         "target": target.name,
-        "backend": backend,
+        "backend": target.backend.name,
         "dtype": target.weights_format,
         "temperature": 0.0,
         "stream": settings.stream or "+".join(sets),
