@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -18,6 +19,7 @@ def load_script(name: str) -> ModuleType:
     """A script of benchmarks/ as a module (they are not part of the package)."""
     spec = importlib.util.spec_from_file_location(name, BENCHMARK_SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
