@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 from evospec.bench.report import aggregate
 from evospec.bench.traces import SHIPPED, dataset_prompts
 from evospec.config import GenerationConfig, LoadConfig
-from evospec.cost import MEASURED, cost_profile, cost_profiles, profile_cost, profile_source
+from evospec.cost import MEASURED, cost_profile, cost_profiles, cost_under, profile_cost, profile_source
 from evospec.draft_length import AdaptiveDraftLength
 from evospec.drafters.registry import build_drafter
 from evospec.engine import Engine
@@ -156,8 +156,7 @@ class Methods:
         self.args = args
         self.cost = target.forward_cost(args.k + 1)
         if replay is not None:
-            if args.profile != MEASURED:
-                self.cost = profile_cost(args.profile, self.cost.of(1), args.k + 1)
+            self.cost = cost_under(args.profile, self.cost, args.k + 1)
             target = replayed(target, Recording(list(replay.values()), target.vocab_size, self.cost))
         self.target = target
         self._drafters: dict[str, object] = {}

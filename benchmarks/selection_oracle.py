@@ -43,11 +43,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from evospec.bench.methods import MODEL_FREE  # noqa: E402
-from evospec.bench.replay import recorded_target, stream_of, target_cost  # noqa: E402
+from evospec.bench.replay import recorded_target, stream_of  # noqa: E402
 from evospec.bench.traces import load_traces  # noqa: E402
 from evospec.cli import named_traces  # noqa: E402
 from evospec.config import SamplingConfig  # noqa: E402
-from evospec.cost import MEASURED, profile_source  # noqa: E402
+from evospec.cost import MEASURED, cost_under, profile_source  # noqa: E402
 from evospec.drafters.base import common_prefix_length  # noqa: E402
 from evospec.errors import EvospecError  # noqa: E402
 from evospec.machine import cpu_description  # noqa: E402
@@ -147,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sets = {name: load_traces(directory) for name, directory in named_traces(args.traces)}
         stream = stream_of(sets, args.stream, args.interleave)
+        source = profile_source(args.profile)  # an unknown profile fails here, before a model is loaded
         target, _ = recorded_target(sets)
-        cost = target_cost(target, args.profile, args.k + 1)
+        cost = cost_under(args.profile, target.forward_cost(args.k + 1), args.k + 1)
     except EvospecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "time": {
             "profile": args.profile,
-            "profile_source": profile_source(args.profile),
+            "profile_source": source,
             "step_cost": {f"T({1 + drafted})/T(1)": round(c, 4) for drafted, c in enumerate(step_cost)},
             "fastest_single_arm": fastest_arm,
             "methods": {

@@ -147,6 +147,12 @@ def profile_cost(name: str, step_s: float, max_tokens: int) -> ForwardCost:
     return ForwardCost(tuple(step_s * float(np.interp(n, sizes, ratios)) for n in curve), tuple(curve))
 
 
+def cost_under(profile: str, measured: ForwardCost, max_tokens: int) -> ForwardCost:
+    """T(n) up to max_tokens under a profile: the measured curve itself (MEASURED), or the named
+    profile's shape scaled by the measured T(1)."""
+    return measured if profile == MEASURED else profile_cost(profile, measured.of(1), max_tokens)
+
+
 def _cache_path(model_key: str) -> Path:
     digest = hashlib.sha256(f"{model_key}|{machine_key()}".encode()).hexdigest()[:16]
     return evospec_home() / "costs" / f"{digest}.json"

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from conftest import load_script
+from conftest import BENCHMARK_SCRIPTS, load_script
 
 oracle = load_script("selection_oracle")
 
@@ -61,3 +61,12 @@ def test_where_a_second_token_costs_most_of_a_step_the_oracle_cuts_a_partly_take
     assert whole == pytest.approx(3.3 + 3.3 + 2.6 + 2.7 + 1.8 + 1.0)
     # cut: one drafted token at t=1 (1.8 for 2 tokens beats 2 plain steps), then plain steps
     assert cut == pytest.approx(1.8 + 5 * 1.0)
+
+
+def test_an_unknown_cost_profile_is_a_clear_error_before_any_model_is_loaded(tmp_path, capsys):
+    traces = BENCHMARK_SCRIPTS / "traces" / "smollm2-135m-instruct-humaneval-128"
+    out = tmp_path / "oracle"
+    code = oracle.main(["--traces", f"code={traces}", "--profile", "tpu-v9", "--out", str(out)])
+    assert code == 2
+    assert "unknown cost profile 'tpu-v9'" in capsys.readouterr().err
+    assert not out.exists()

@@ -24,7 +24,7 @@ from evospec.bench.methods import EvospecMethod, build_methods
 from evospec.bench.report import plot_blocks, plot_selection, single_drafters, summarize, write_report
 from evospec.bench.traces import TraceSet, load_traces
 from evospec.config import DTYPES, GenerationConfig, LoadConfig
-from evospec.cost import MEASURED, ForwardCost, cost_profiles, profile_cost, profile_source
+from evospec.cost import MEASURED, ForwardCost, cost_profiles, cost_under, profile_source
 from evospec.errors import EvospecError
 from evospec.learning import LearnerConfig
 from evospec.machine import cpu_description
@@ -84,13 +84,6 @@ def recorded_target(sets: dict[str, TraceSet]) -> tuple[LoadedModel, LoadConfig]
     return load_model(target_name, backend, load), load
 
 
-def target_cost(target: LoadedModel, profile: str, max_tokens: int) -> ForwardCost:
-    """T(n) of the target up to max_tokens under a profile: this machine's (MEASURED), or a named
-    profile's shape scaled by this machine's T(1)."""
-    measured = target.forward_cost(max_tokens)
-    return measured if profile == MEASURED else profile_cost(profile, measured.of(1), max_tokens)
-
-
 def run_replay(settings: ReplaySettings) -> dict:
     """Replay the stream with every method; write results.json/.md, tau per block, and the selectors' plot."""
     if settings.block_size < 1:
@@ -102,7 +95,8 @@ def run_replay(settings: ReplaySettings) -> dict:
     stream = stream_of(sets, settings.stream, settings.interleave)
     target, load = recorded_target(sets)
     max_tokens = settings.num_speculative_tokens + 1
-    measured, cost = target.forward_cost(max_tokens), target_cost(target, settings.profile, max_tokens)
+    measured = target.forward_cost(max_tokens)
+    cost = cost_under(settings.profile, measured, max_tokens)
 
     answers = list(dict.fromkeys(answer for _, answer in stream))
     rows_paths = {
@@ -194,7 +188,7 @@ def _add_projections(methods: dict, engines: dict, measured: ForwardCost, max_to
     """Per method, "projected_tokens_per_s" under every profile: the same rounds (the replay's passes),
     each pass charged that profile's T(n). Exact for policies that do not weigh time (fixed k,
     agreement rewards); an adaptive k planned for the run's own profile keeps its plan."""
-    profiles = {MEASURED: measured} | {name: profile_cost(name, measured.of(1), max_tokens) for name in cost_profiles()}
+    profiles = {name: cost_under(name, measured, max_tokens) for name in (MEASURED, *cost_profiles())}
     for name, engine in engines.items():
         passes, fields = engine.target.passes, methods[name]
         charged = sum(count * engine.target.recording.cost.of(n) for n, count in passes.items())
