@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 DEFAULTS = GenerationConfig()
 LEARNING = LearnerConfig()
+TRAIN_DEPTH_HELP = "eagle: draft depths each row is trained at, the later ones on the head's own features (EAGLE-3)"
 DEFAULT_SAMPLING = SamplingConfig()
 SERVER = ServerConfig()
 CLUSTER = ClusterConfig()
@@ -182,6 +183,7 @@ def _add_learning_options(group) -> None:
             LEARNING.prompt_rows,
             "eagle, hydra: learn from this many of a prompt's last rows while answering it, a step a round (0: never)",
         ),
+        ("--train-depth", LEARNING.train_depth, TRAIN_DEPTH_HELP),
     )
 
 
@@ -202,6 +204,7 @@ def _learner_config(args: argparse.Namespace) -> LearnerConfig:
         epochs=args.learn_epochs,
         replay_rows=args.replay_rows,
         prompt_rows=args.learn_prompt_rows,
+        train_depth=args.train_depth,
     )
 
 
@@ -439,6 +442,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> None:
         "resume",
         "start_from",
         "seed",
+        "train_depth",
     )  # named as DistillConfig's fields
     config = DistillConfig(**{name: getattr(args, name) for name in options})
     out = Path(args.out).expanduser()
@@ -693,6 +697,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--save-every", warm.save_every, "steps between checkpoints"),
         ("--max-steps", warm.max_steps, "stop after this many steps in all"),
         ("--seed", warm.seed, "the drafter's first weights and each epoch's order"),
+        ("--train-depth", warm.train_depth, TRAIN_DEPTH_HELP),
     )
     train.add_argument("--lr", type=float, default=warm.lr, help="Adam's learning rate")
     train.add_argument("--resume", action="store_true", help="go on from the checkpoint and traces in --out")

@@ -105,9 +105,12 @@ class DistillConfig:
     seed: int = 0  # the drafter's initial weights and each epoch's order
     grad_clip: float = 1.0  # gradient norm cap per step
     forward_rows: int = 256  # tokens per target pass when collecting (llama.cpp's batch holds 512)
+    # eagle: draft depths each row is trained at; past the first, the head reads its own predicted
+    # features, as it drafts (EAGLE-3's training-time test). Held-out agreement is measured at depth 1.
+    train_depth: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("samples", "max_new_tokens", "epochs", "save_every", "forward_rows"):
+        for name in ("samples", "max_new_tokens", "epochs", "save_every", "forward_rows", "train_depth"):
             if getattr(self, name) < 1:
                 raise EvospecError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.batch_rows < 2:

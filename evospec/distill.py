@@ -34,7 +34,7 @@ from safetensors.torch import load_file, safe_open
 from tqdm.auto import tqdm
 
 from evospec.config import DistillConfig, GenerationConfig
-from evospec.drafters.registry import WHITE_BOX_KINDS, new_white_box_drafter
+from evospec.drafters.registry import WHITE_BOX_CLASSES, WHITE_BOX_KINDS, new_white_box_drafter
 from evospec.drafters.whitebox import ReducedVocab, WhiteBoxConfig, WhiteBoxDrafter
 from evospec.errors import EvospecError
 from evospec.files import save_tensors_atomically
@@ -122,6 +122,8 @@ def check_run(kind: str, out: Path, config: DistillConfig, recorded: bool = Fals
     recorded: config.data is a trace set, whose answers the caller reads)."""
     if kind not in WHITE_BOX_KINDS:
         raise EvospecError(f"unknown drafter kind {kind!r}; train-drafter trains {' or '.join(WHITE_BOX_KINDS)}")
+    if config.train_depth > 1 and not WHITE_BOX_CLASSES[kind].unrolls:
+        raise EvospecError(f"--train-depth {config.train_depth}: a {kind} drafter has nothing to unroll (eagle has)")
     if (out / "drafter.json").exists() and not config.resume:
         raise EvospecError(
             f"{out} already holds a drafter checkpoint; add --resume to go on with it, or choose another --out"
@@ -217,10 +219,16 @@ def distill(
     plan = [(epoch, batch) for epoch in range(config.epochs) for batch in _batches(windows, epoch, config)]
     plan = plan[: config.max_steps]
     bar = tqdm(total=len(plan), initial=min(step, len(plan)), desc="train", unit="step", disable=not progress)
-    run_meta = {"samples": len(samples), "corpus": config.data, "target": target.name, "settings": _settings(config)}
+    run_meta = {
+        "samples": len(samples),
+        "corpus": config.data,
+        "target": target.name,
+        "settings": _settings(config),
+        "train_depth": config.train_depth,
+    }
     for epoch, batch in plan[step:]:
         traces = [train[index].trace(start, end) for index, start, end in batch]
-        value = _batch_loss(drafter, traces)
+        value = _batch_loss(drafter, traces, config.train_depth)
         optimizer.zero_grad()
         value.backward()
         torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
@@ -422,10 +430,11 @@ def _batches(
     return packed(shuffled, [stop - start for _, start, stop in shuffled], config.batch_rows)
 
 
-def _batch_loss(drafter: WhiteBoxDrafter, traces: list[Trace]) -> torch.Tensor:
-    """Row-weighted mean loss of the drafter's module over traces (as the online learners weigh it)."""
+def _batch_loss(drafter: WhiteBoxDrafter, traces: list[Trace], depth: int = 1) -> torch.Tensor:
+    """Row-weighted mean loss of the drafter's module over traces at draft depths 1..depth (as the
+    online learners weigh it)."""
     total = sum(
-        drafter_loss(drafter.training_outputs(drafter.module, trace), trace, drafter.row_of, LOSS) * trace.length
+        drafter_loss(drafter.training_outputs(drafter.module, trace, depth), trace, drafter.row_of, LOSS) * trace.length
         for trace in traces
     )
     return total / sum(trace.length for trace in traces)

@@ -61,6 +61,9 @@ class LearnableDrafter(Protocol):
     name: str
     learnable: bool  # False: not a drafter a learner can train
     needs_hidden_states: bool  # True: it reads the target's features (white-box), so its traces must carry them
+    # True: its later draft positions read its own earlier outputs, which teacher forcing never shows it,
+    # so training may unroll it over them (train_depth > 1)
+    unrolls: bool
     module: torch.nn.Module
     version: int  # learning steps applied
 
@@ -68,5 +71,6 @@ class LearnableDrafter(Protocol):
     def row_of(self) -> torch.Tensor:
         """[V] the drafter's output row of each target id, -1 where it has none."""
 
-    def training_outputs(self, module: torch.nn.Module, trace: Trace) -> TrainingOutputs:
-        """Teacher-forced predictions of module (the drafter's own or a same-shaped copy) over a trace."""
+    def training_outputs(self, module: torch.nn.Module, trace: Trace, depth: int = 1) -> TrainingOutputs:
+        """Predictions of module (the drafter's own or a same-shaped copy) over a trace: teacher-forced,
+        and for depth > 1 (drafters that unroll) also from its own outputs at the depth-1 positions before."""

@@ -42,6 +42,7 @@ SMOL = "smollm2-135m-instruct"
         (["serve", "--target", SMOL, "--selector", "ucb-bd"], "--selector picks among several"),
         (["generate", "hi", "--target", SMOL, "--drafter", "eagle", "--learner", "ogd", "--lr", "-1"], "learning rate"),
         (["generate", "hi", "--target", SMOL, "--learn-every", "0"], "learn-every"),
+        (["generate", "hi", "--target", SMOL, "--train-depth", "0"], "train depth must be >= 1"),
         (["generate", "hi", "--target", SMOL, "--buffer-rows", "1"], "buffer rows"),
         (["generate", "hi", "--target", SMOL, "--learn-prompt-rows", "-1"], "prompt rows must be >= 0"),
         (["generate", "hi", "--target", SMOL, "--learn-epochs", "0"], "need epochs >= 1 and replay rows >= 0"),

@@ -216,3 +216,14 @@ def test_train_drafter_from_the_command_line(capsys, tmp_path, corpus, foreign_t
     assert status == 0 and "0 collected, 5 cached" in out
     run = json.loads((tmp_path / "hydra" / "drafter.json").read_text())["distill"]
     assert run["epoch"] == 2 and run["corpus"] == str(corpus) and run["samples"] == 5
+
+
+@pytest.mark.parametrize(
+    "kind, depth, message",
+    [("hydra", "2", "a hydra drafter has nothing to unroll"), ("eagle", "0", "train-depth must be >= 1")],
+)
+def test_train_depth_is_for_drafters_that_unroll(capsys, tmp_path, kind, depth, message):
+    (tmp_path / "prompts.txt").write_text("w1 w2\n")
+    argv = ["train-drafter", "--target", "no-such-model", "--kind", kind, "--out", str(tmp_path / "out")]
+    status, _, err = run_cli(capsys, *argv, "--data", str(tmp_path / "prompts.txt"), "--train-depth", depth)
+    assert status == 2 and message in err and "Traceback" not in err

@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from evospec.config import GenerationConfig, SamplingConfig
 from evospec.drafters import SmallLMDrafter
@@ -356,6 +357,46 @@ def test_weights_of_another_shape_than_the_metadata_are_a_clear_error(sharp_targ
     (tmp_path / "drafter.json").write_text(json.dumps(meta))
     with pytest.raises(EvospecError, match="do not fit the shape"):
         new_white_box_drafter(kind, sharp_target, tmp_path)
+
+
+def test_the_unrolled_eagle_head_computes_what_drafting_computes(sharp_target):
+    """Training at depth j must show the head what its j-th drafted token sees: its own predicted
+    feature of the row before, attending the exact rows up to the draft's start and the draft itself."""
+    module = white_box("eagle", sharp_target).module
+    rows, depth = 10, 4
+    torch.manual_seed(0)
+    embeddings, features = torch.randn(rows, HIDDEN), torch.randn(rows, HIDDEN)
+    with torch.no_grad():
+        unrolled = module.unrolled(embeddings, features, depth)
+        assert [len(step) for step in unrolled] == [rows - step for step in range(depth)]
+        for last_exact in range(rows):  # a draft that starts after this row
+            cache = DynamicCache(config=module.layer.config)
+            predicted = module(embeddings[: last_exact + 1], features[: last_exact + 1], cache)[-1:]
+            for step in range(min(depth, rows - last_exact)):
+                row = last_exact + step
+                if step:
+                    predicted = module(embeddings[row : row + 1], predicted, cache)
+                torch.testing.assert_close(predicted[0], unrolled[step][row - step], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["ogd", "adamw"])
+def test_output_is_plain_decoding_while_the_eagle_head_learns_at_depth(sharp_target, name):
+    drafter = white_box("eagle", sharp_target)
+    learner = build_learner(name, drafter, LearnerConfig(every=2, batch_rows=64, train_depth=3))
+    engine = Engine(CachedLM(sharp_target.model), [drafter], frozenset(), 256, learners=[learner])
+    prompts = random_prompts(3, seed=4)
+    outputs, _ = run(engine, prompts)
+    assert outputs == [reference_greedy(sharp_target.model, prompt, 32) for prompt in prompts]
+    assert learner.stats.steps > 0 and learner.stats.skipped == 0
+
+
+def test_only_eagle_heads_learn_at_depth(sharp_target):
+    with pytest.raises(EvospecError, match="nothing to unroll"):
+        build_learner("ogd", white_box("hydra", sharp_target), LearnerConfig(train_depth=2))
+    with pytest.raises(EvospecError, match="nothing to unroll"):
+        build_learner("ogd", adapted_lm(sharp_target), LearnerConfig(train_depth=2))
+    with pytest.raises(EvospecError, match="train depth must be >= 1"):
+        LearnerConfig(train_depth=0)
 
 
 def test_learners_only_train_white_box_drafters(sharp_target):

@@ -54,6 +54,7 @@ class AdaptedLMDrafter(SmallLMDrafter):
     """A small LM (hf backend) whose adapters learn on line; see the module docstring."""
 
     learnable = True
+    unrolls = False  # it drafts from tokens alone, which teacher forcing gives it at every depth
 
     def __init__(self, model: PreTrainedModel, name: str, config: AdapterConfig = AdapterConfig()) -> None:
         lora = LoraConfig(
@@ -79,9 +80,9 @@ class AdaptedLMDrafter(SmallLMDrafter):
             self._cache_version = self.version
         return super().propose(context, k, sampler)
 
-    def training_outputs(self, module: torch.nn.Module, trace: Trace) -> TrainingOutputs:
+    def training_outputs(self, module: torch.nn.Module, trace: Trace, depth: int = 1) -> TrainingOutputs:
         """Teacher-forced next-token logits at every trace position, with module's adapter weights, the
-        last `context_tokens` tokens before the trace as context."""
+        last `context_tokens` tokens before the trace as context (depth is 1: nothing to unroll)."""
         prefix = trace.prefix[max(0, len(trace.prefix) - self.config.context_tokens) :]
         input_ids = torch.cat([prefix, trace.tokens])[None].to(self.model.device)
         weights = dict(zip(module.names, module.weights))

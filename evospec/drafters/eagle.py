@@ -43,6 +43,13 @@ class DecoderLayer(torch.nn.Module):
         mask = None
         if count > 1 and past:
             mask = (torch.arange(past + count)[None, :] <= positions[0, :, None])[None, None]
+        return self.attend(inputs, positions, mask, cache)
+
+    def attend(
+        self, inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache: DynamicCache | None
+    ) -> torch.Tensor:
+        """inputs [1, n, width] at rotary positions [1, n], attending the cache's entries and their own
+        where mask [1, 1, n, cached + n] says (None: causally) -> outputs [1, n, width]; the cache keeps them."""
         hidden = self.layers[0](
             inputs,
             attention_mask=mask,
@@ -91,6 +98,28 @@ class EagleModule(torch.nn.Module):
         inputs = self.fc(torch.cat([embeddings, features], dim=-1))
         return self.up(self.layer(inputs[None], cache)[0])
 
+    def unrolled(self, embeddings: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """Predicted features of `steps` draft positions at every row, as drafting makes them (EAGLE-3's
+        training-time test). Row i holds token x_{i+1} (embeddings [n, H]) and, in step 0, the target's
+        feature f_i (features [n, H]); step j > 0 reads step j-1's prediction at row i-1 instead, and
+        attends the exact rows up to i-j and its own chain, as the j-th drafted token attends a draft's
+        cache. -> [n - j, H] for each step j, row r predicting f of row r + j + 1."""
+        cache = DynamicCache(config=self.layer.config)
+        count = embeddings.shape[0]
+        key_step, key_row = torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long)
+        outputs, previous = [], features
+        for step in range(min(steps, count)):
+            rows = torch.arange(step, count)  # the rows this step predicts at
+            key_step = torch.cat([key_step, torch.full_like(rows, step)])
+            key_row = torch.cat([key_row, rows])
+            base = rows[:, None] - step  # the last exact row each query attends
+            mask = ((key_step == 0) & (key_row <= base)) | ((key_step > 0) & (key_row == base + key_step))
+            inputs = self.fc(torch.cat([embeddings[step:], previous], dim=-1))
+            predicted = self.up(self.layer.attend(inputs[None], rows[None], mask[None, None], cache)[0])
+            outputs.append(predicted)
+            previous = predicted[:-1]
+        return outputs
+
 
 def _drop_legacy_embedding(module, state: dict, prefix: str, *args) -> None:
     """Weights saved while the layer was a LlamaModel hold its unused one-row embedding table: drop it."""
@@ -101,6 +130,8 @@ class EagleDrafter(WhiteBoxDrafter):
     """Drafts with an EagleModule. Its cache holds the positions from the first generated token on
     whose inputs were exact (verified tokens and the target's own features); drafted positions,
     fed with predicted features, are trimmed away before the next draft."""
+
+    unrolls = True
 
     def __init__(
         self,
@@ -152,13 +183,10 @@ class EagleDrafter(WhiteBoxDrafter):
         if length > entries:
             self.cache.crop(entries - length)  # crop takes the (negative) number of entries to drop
 
-    def training_outputs(self, module: torch.nn.Module, trace: Trace) -> TrainingOutputs:
-        """Teacher-forced predictions of module (this drafter's or a copy) over a trace: at t >= 1,
-        from x_t and f_{t-1}."""
-        predicted = module(self.tokens.embed(trace.tokens[1:]), trace.hidden[:-1])  # [T-1, H]
-        return TrainingOutputs(
-            logits=self.head_logits(predicted),
-            rows=torch.arange(1, trace.length),
-            features=predicted,
-            feature_rows=torch.arange(1, trace.length),
-        )
+    def training_outputs(self, module: torch.nn.Module, trace: Trace, depth: int = 1) -> TrainingOutputs:
+        """Predictions of module (this drafter's or a copy) over a trace at t >= 1: from x_t and f_{t-1},
+        and at draft depths 2..depth from x_t and the module's own prediction of f_{t-1} (unrolled)."""
+        predicted = module.unrolled(self.tokens.embed(trace.tokens[1:]), trace.hidden[:-1], depth)
+        rows = torch.cat([torch.arange(1 + step, trace.length) for step in range(len(predicted))])
+        features = torch.cat(predicted)
+        return TrainingOutputs(logits=self.head_logits(features), rows=rows, features=features, feature_rows=rows)

@@ -52,9 +52,10 @@ class HydraDrafter(WhiteBoxDrafter):
             embeddings = torch.cat([embeddings, self.tokens.embed(torch.tensor([token]))])
         return self.draft(tokens, probs)
 
-    def training_outputs(self, module: torch.nn.Module, trace: Trace) -> TrainingOutputs:
+    def training_outputs(self, module: torch.nn.Module, trace: Trace, depth: int = 1) -> TrainingOutputs:
         """Teacher-forced predictions of module (this drafter's or a copy): head i at t >= 1 reads f_{t-1}
-        and tokens t..t+i, and is scored at row t + i."""
+        and tokens t..t+i, and is scored at row t + i. Each head is a draft depth of its own, so there is
+        nothing to unroll: depth is 1."""
         embeddings = self.tokens.embed(trace.tokens)  # [T, H]
         logits, rows = [], []
         for head in range(self.config.num_heads):

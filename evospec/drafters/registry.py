@@ -88,7 +88,8 @@ def _build_prediction(arg: str | None, target: LoadedModel, load: LoadConfig) ->
     return PredictionDrafter()
 
 
-WHITE_BOX_KINDS = ("eagle", "hydra")
+WHITE_BOX_CLASSES: dict[str, type[WhiteBoxDrafter]] = {"eagle": EagleDrafter, "hydra": HydraDrafter}
+WHITE_BOX_KINDS = tuple(WHITE_BOX_CLASSES)
 
 
 def new_white_box_drafter(

@@ -72,6 +72,7 @@ class WhiteBoxDrafter:
 
     needs_hidden_states = True
     learnable = True
+    unrolls = False
     model_free = False
 
     def __init__(

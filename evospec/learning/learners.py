@@ -51,6 +51,9 @@ class LearnerConfig:
     hedge_discount: float = 0.9  # older losses count less, so the weights can follow a shift
     restart_each_chunk: bool = False  # ensemble: copies restart from the combination after each chunk
     grad_clip: float = 1.0  # gradient norm cap
+    # eagle: draft depths each row is trained at; past the first, the head reads its own predicted
+    # features, as it drafts (EAGLE-3's training-time test)
+    train_depth: int = 1
     rollback_margin: float = 0.15  # roll back when rolling acceptance is this far below the good weights'
     rollback_window: int = 64  # rounds of the drafter in the rolling acceptance
     dpo_beta: float = 0.1  # dpo: how far from the reference the preference may move the drafter (OnlineSPEC's)
@@ -69,6 +72,8 @@ class LearnerConfig:
             raise EvospecError(f"need epochs >= 1 and replay rows >= 0, got {self.epochs} and {self.replay_rows}")
         if self.prompt_rows < 0:
             raise EvospecError(f"prompt rows must be >= 0, got {self.prompt_rows}")
+        if self.train_depth < 1:
+            raise EvospecError(f"train depth must be >= 1, got {self.train_depth}")
         if not self.dpo_beta > 0:
             raise EvospecError(f"the DPO beta must be > 0, got {self.dpo_beta}")
         if self.optimistic_form not in ("hint", "momentum"):
@@ -142,6 +147,11 @@ class OnlineLearner:
     default_lr = 0.5  # SGD's step size: the best of 0.05..8 on a domain shift (benchmarks/)
 
     def __init__(self, drafter: LearnableDrafter, config: LearnerConfig) -> None:
+        if config.train_depth > 1 and not drafter.unrolls:
+            raise EvospecError(
+                f"train depth {config.train_depth}: {drafter.name} drafts from verified inputs only, "
+                "so there is nothing to unroll (eagle drafters unroll)"
+            )
         self.drafter = drafter
         self.config = config
         self.lr = self.default_lr if config.lr is None else config.lr
@@ -243,7 +253,12 @@ class OnlineLearner:
     def loss(self, module: torch.nn.Module, traces: list[Trace]) -> torch.Tensor:
         """Row-weighted mean loss of module over traces."""
         total = sum(
-            drafter_loss(self.drafter.training_outputs(module, trace), trace, self.drafter.row_of, self.config.loss)
+            drafter_loss(
+                self.drafter.training_outputs(module, trace, self.config.train_depth),
+                trace,
+                self.drafter.row_of,
+                self.config.loss,
+            )
             * trace.length
             for trace in traces
         )
