@@ -32,7 +32,7 @@ def main() -> None:
     against = args.against or min(singles, key=lambda name: methods[name]["rounds"])
     reference = methods[against]
     profiles = list(reference.get("projected_tokens_per_s", {}))
-    if len({json.dumps(run["forward_cost_ms"], sort_keys=True) for run in runs}) > 1:
+    if len({json.dumps(run.get("forward_cost_ms"), sort_keys=True) for run in runs}) > 1:
         print("the runs measured different T(n) (forward_cost_ms): their projections are not compared\n")
         profiles = []
     print(f"reference: {against}\n")
