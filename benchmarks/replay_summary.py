@@ -5,8 +5,9 @@ seconds, and projected tokens/s against the reference under every profile.
     python benchmarks/replay_summary.py RESULTS.json [--against METHOD]   (default: the fewest-rounds evospec: method)
 
 Several results files of replays over the same stream (e.g. methods split across processes) make one
-table; --plot PNG draws their tau per block together. Projections are compared only between runs that
-charged the same T(n): runs that measured different curves leave those columns out.
+table; --plot PNG draws their tau per block together. Projections are compared only under one T(n):
+runs that timed different curves are charged again under the measured curve of the first one (from
+each method's recorded target passes); runs too old to record their passes leave those columns out.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import argparse
 import json
 from pathlib import Path
 
+from evospec.bench.replay import projected_speed, recorded_cost
 from evospec.bench.report import plot_blocks
+from evospec.cost import MEASURED, cost_under
 
 
 def main() -> None:
@@ -33,8 +36,7 @@ def main() -> None:
     reference = methods[against]
     profiles = list(reference.get("projected_tokens_per_s", {}))
     if len({json.dumps(run.get("forward_cost_ms"), sort_keys=True) for run in runs}) > 1:
-        print("the runs measured different T(n) (forward_cost_ms): their projections are not compared\n")
-        profiles = []
+        profiles = charge_one_curve(runs, args.results, profiles)
     print(f"reference: {against}\n")
     print(
         "| method | rounds | rounds vs ref | tau | tau vs ref | tau per block | learn s |"
@@ -53,6 +55,23 @@ def main() -> None:
             f"| {fields['tau']:.3f} | {fields['tau'] / reference['tau']:.3f}x | {blocks} "
             f"| {fields['learn_s']:.0f} |{projected}"
         )
+
+
+def charge_one_curve(runs: list[dict], paths: list[str], profiles: list[str]) -> list[str]:
+    """Re-project every run's methods under the measured T(n) of the first measured run; return the
+    profiles that can be compared (none where a run does not record its target passes)."""
+    projected = [fields for run in runs for fields in run["methods"].values() if "projected_tokens_per_s" in fields]
+    measured = [(run, path) for run, path in zip(runs, paths) if run.get("profile") == MEASURED]
+    if not measured or any("target_passes" not in fields for fields in projected):
+        print("the runs timed different T(n) and do not all record their target passes: projections left out\n")
+        return []
+    run, path = measured[0]
+    curve = recorded_cost(run)
+    costs = {profile: cost_under(profile, curve, curve.max_tokens) for profile in profiles}
+    for fields in projected:
+        fields["projected_tokens_per_s"] = {profile: projected_speed(fields, cost) for profile, cost in costs.items()}
+    print(f"the runs timed different T(n): every run is charged the measured T(n) of {path}\n")
+    return profiles
 
 
 if __name__ == "__main__":

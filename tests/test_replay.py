@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from evospec.bench.replay import learner_settings
+from evospec.bench.replay import learner_settings, projected_speed, recorded_cost
 from evospec.bench.traces import collect_traces, load_traces
 from evospec.config import GenerationConfig, StepConfig
 from evospec.cost import ForwardCost, profile_cost
@@ -279,6 +279,19 @@ def test_replay_command_writes_the_benchmark_shape(sharp_model_dir, tmp_path, ca
     assert plain["tau"] == 1.0 and len(plain["per_block"]) == 3
     assert results["methods"]["evospec:ngram"]["rounds"] <= plain["rounds"]
     assert (out / "blocks.png").is_file() and (out / "results.md").is_file()
+    # Every method's passes are recorded, so any T(n) can be charged afterwards: the recorded curve
+    # gives back the run's projection, and a curve twice as slow charges the target's seconds twice.
+    assert list(results["forward_cost_ms"]) == ["1", "2", "3", "4", "5"]
+    curve = recorded_cost(results)
+    slower = ForwardCost(tuple(2 * s for s in curve.seconds), curve.sizes)
+    for name, fields in results["methods"].items():
+        if name == "oracle":  # the best single drafter per category: a composite, no run of its own
+            continue
+        assert sum(fields["target_passes"].values()) == fields["rounds"] - results["prompts"]  # prefills are free
+        assert projected_speed(fields, curve) == pytest.approx(fields["projected_tokens_per_s"]["measured"], rel=1e-3)
+        target_s = fields["new_tokens"] / projected_speed(fields, curve) - fields["non_target_s"]
+        twice = fields["new_tokens"] / (fields["non_target_s"] + 2 * target_s)
+        assert projected_speed(fields, slower) == pytest.approx(twice, rel=1e-6)
 
 
 def test_a_method_name_sets_learner_fields_optional_ones_included():

@@ -162,7 +162,7 @@ def run_replay(settings: ReplaySettings) -> dict:
         "threads": target.backend.threads(target.model),
         "cpu": cpu_description(),
         "load_average": round(load_average, 2),
-        "forward_cost_ms": {str(n): round(1000 * cost.of(n), 3) for n in (1, 2, 4, 8, 16, 32, 64) if n <= max_tokens},
+        "forward_cost_ms": {str(n): round(1000 * cost.of(n), 3) for n in range(1, max_tokens + 1)},
         "ceiling": {
             "speedup": round(ceiling, 3),
             "forward_tokens": ceiling_size,
@@ -185,18 +185,17 @@ def run_replay(settings: ReplaySettings) -> dict:
 
 
 def _add_projections(methods: dict, engines: dict, measured: ForwardCost, max_tokens: int) -> None:
-    """Per method, "projected_tokens_per_s" under every profile: the same rounds (the replay's passes),
-    each pass charged that profile's T(n). Exact for policies that do not weigh time (fixed k,
+    """Per method, the replay's passes ("target_passes": tokens per pass -> count) and the measured
+    seconds that are not the target's ("non_target_s": drafting, learning, the engine), and from them
+    "projected_tokens_per_s" under every profile. Exact for policies that do not weigh time (fixed k,
     agreement rewards); an adaptive k planned for the run's own profile keeps its plan."""
     profiles = {name: cost_under(name, measured, max_tokens) for name in (MEASURED, *cost_profiles())}
     for name, engine in engines.items():
         passes, fields = engine.target.passes, methods[name]
         charged = sum(count * engine.target.recording.cost.of(n) for n, count in passes.items())
-        other_s = fields["wall_s"] - charged  # drafting, learning and the engine's own time, measured
-        fields["projected_tokens_per_s"] = {
-            profile: fields["new_tokens"] / (other_s + sum(count * cost.of(n) for n, count in passes.items()))
-            for profile, cost in profiles.items()
-        }
+        fields["target_passes"] = {str(n): passes[n] for n in sorted(passes)}
+        fields["non_target_s"] = fields["wall_s"] - charged
+        fields["projected_tokens_per_s"] = {name: projected_speed(fields, cost) for name, cost in profiles.items()}
     plain = methods.get("evospec-plain")
     if plain is not None:
         for fields in methods.values():
@@ -205,6 +204,19 @@ def _add_projections(methods: dict, engines: dict, measured: ForwardCost, max_to
                     profile: speed / plain["projected_tokens_per_s"][profile]
                     for profile, speed in fields["projected_tokens_per_s"].items()
                 }
+
+
+def projected_speed(fields: dict, cost: ForwardCost) -> float:
+    """Tokens/s of a replayed method (its results fields) were its target passes charged `cost`: so
+    runs that timed different T(n) can be charged one curve afterwards."""
+    target_s = sum(count * cost.of(int(n)) for n, count in fields["target_passes"].items())
+    return fields["new_tokens"] / (fields["non_target_s"] + target_s)
+
+
+def recorded_cost(results: dict) -> ForwardCost:
+    """The T(n) a replay's results.json was charged ("forward_cost_ms"), as a curve."""
+    curve = sorted((int(n), ms / 1000) for n, ms in results["forward_cost_ms"].items())
+    return ForwardCost(tuple(s for _, s in curve), tuple(n for n, _ in curve))
 
 
 def learner_settings(method: str, learning: LearnerConfig) -> tuple[str, LearnerConfig]:
