@@ -25,7 +25,7 @@ from evospec.config import (
     StepConfig,
 )
 from evospec.errors import EvospecError
-from evospec.learning.learners import SCHEDULES, AdamWLearner, LearnerConfig, OnlineLearner
+from evospec.learning.learners import ENSEMBLE_BASES, SCHEDULES, AdamWLearner, LearnerConfig, OnlineLearner
 from evospec.learning.preference import StepPreferenceLearner
 from evospec.learning.registry import LEARNERS, NO_LEARNER, STEP_LEARNERS
 from evospec.serve.config import ClusterConfig, ServerConfig
@@ -167,6 +167,12 @@ def _add_learning_options(group) -> None:
         f"adamw {AdamWLearner.default_lr}, {' and '.join(STEP_LEARNERS)} {StepPreferenceLearner.default_lr})",
     )
     group.add_argument(
+        "--ensemble-base",
+        choices=ENSEMBLE_BASES,
+        default=LEARNING.ensemble_base,
+        help="how each copy of the ensemble learner steps: ogd (OnlineSPEC's Ens-Eagle), or adamw with its own moments",
+    )
+    group.add_argument(
         "--learn-schedule",
         choices=SCHEDULES,
         default=LEARNING.schedule,
@@ -205,6 +211,7 @@ def _learner_config(args: argparse.Namespace) -> LearnerConfig:
         replay_rows=args.replay_rows,
         prompt_rows=args.learn_prompt_rows,
         train_depth=args.train_depth,
+        ensemble_base=args.ensemble_base,
     )
 
 

@@ -94,6 +94,27 @@ def test_the_ensemble_moves_its_weight_to_the_best_learning_rate(sharp_target, s
     assert int(weights.argmax()) == 2 and float(weights[2]) > 0.6, weights
 
 
+def test_an_ensemble_of_adamw_copies_stays_lossless_and_steps_each_copy_at_its_rate(sharp_target):
+    drafter = white_box("eagle", sharp_target)
+    learner = build_learner("ensemble", drafter, LearnerConfig(every=2, batch_rows=64, ensemble_base="adamw"))
+    engine = Engine(CachedLM(sharp_target.model), [drafter], frozenset(), 256, learners=[learner])
+    prompts = random_prompts(3, seed=4)
+    outputs, _ = run(engine, prompts)
+    assert outputs == [reference_greedy(sharp_target.model, prompt, 32) for prompt in prompts]
+    rates = [optimizer.param_groups[0]["lr"] for optimizer in learner.optimizers]
+    assert rates == pytest.approx([3e-5, 6e-5, 1.2e-4])  # AdamW's default rate, times the scales
+    steps = {int(state["step"]) for optimizer in learner.optimizers for state in optimizer.state.values()}
+    assert steps == {learner.stats.steps} and learner.stats.steps > 0
+    served = drafter.module.state_dict()
+    combined = sum(w * copy.state_dict()["fc.weight"] for w, copy in zip(learner.weights.tolist(), learner.copies))
+    assert torch.allclose(served["fc.weight"], combined, atol=1e-6)
+    with pytest.raises(EvospecError, match="ensemble base is one of ogd, adamw"):
+        LearnerConfig(ensemble_base="sgd")
+    ogd = build_learner("ensemble", white_box("eagle", sharp_target), LearnerConfig())
+    with pytest.raises(EvospecError, match="an ensemble of adamw copies, not ogd: run with --ensemble-base adamw"):
+        ogd.load_state(learner.state_tensors(), learner.state_meta())
+
+
 class NoHiddenLM(CachedLM):
     """A target session that refuses to return hidden states."""
 
@@ -277,11 +298,12 @@ def test_a_non_finite_loss_skips_the_step_and_keeps_the_weights(sharp_target):
 
 
 @pytest.mark.parametrize("kind", ["eagle", "lora"])
-@pytest.mark.parametrize("name", LEARNERS)
-def test_a_restored_learner_goes_on_exactly_as_the_saved_one(sharp_target, name, kind):
-    """Weights, optimizer state (the optimistic hint, the ensemble's copies and losses) and counters
-    survive the round trip through tensors and JSON that the server's state store makes."""
-    config = LearnerConfig(every=4, batch_rows=12)  # 4 rounds of 3 rows: each step sees only the newest rows
+@pytest.mark.parametrize("name, base", [(name, "ogd") for name in LEARNERS] + [("ensemble", "adamw")])
+def test_a_restored_learner_goes_on_exactly_as_the_saved_one(sharp_target, name, base, kind):
+    """Weights, optimizer state (the optimistic hint, AdamW's moments, the ensemble's copies, their
+    moments and losses) and counters survive the round trip through tensors and JSON that the
+    server's state store makes."""
+    config = LearnerConfig(every=4, batch_rows=12, ensemble_base=base)  # each step sees only the newest 12 rows
 
     def rounds(learner, request: int, count: int) -> None:  # a request from its first position on
         for round_ in range(count):

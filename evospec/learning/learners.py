@@ -28,6 +28,7 @@ from evospec.learning.losses import LossConfig, drafter_loss
 from evospec.types import RoundFeedback
 
 SCHEDULES = ("rounds", "request", "chunk")
+ENSEMBLE_BASES = ("ogd", "adamw")  # how each copy of the ensemble steps
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class LearnerConfig:
     optimistic_form: str = "hint"  # hint: 2 g_t - g_{t-1}; momentum: SGD with `momentum`
     momentum: float = 0.9
     ensemble_scales: tuple[float, ...] = (1.0, 2.0, 4.0)  # the copies' learning rates, in units of lr
+    ensemble_base: str = "ogd"  # each copy steps by ogd (OnlineSPEC's Ens-Eagle) or by adamw, its own moments
     hedge_temperature: float = 1.0  # weights = softmax(-discounted loss / temperature)
     hedge_discount: float = 0.9  # older losses count less, so the weights can follow a shift
     restart_each_chunk: bool = False  # ensemble: copies restart from the combination after each chunk
@@ -76,6 +78,8 @@ class LearnerConfig:
             raise EvospecError(f"train depth must be >= 1, got {self.train_depth}")
         if not self.dpo_beta > 0:
             raise EvospecError(f"the DPO beta must be > 0, got {self.dpo_beta}")
+        if self.ensemble_base not in ENSEMBLE_BASES:
+            raise EvospecError(f"ensemble base is one of {', '.join(ENSEMBLE_BASES)}, got {self.ensemble_base!r}")
         if self.optimistic_form not in ("hint", "momentum"):
             raise EvospecError(f"optimistic form is 'hint' or 'momentum', got {self.optimistic_form!r}")
 
@@ -403,31 +407,45 @@ class AdamWLearner(OnlineLearner):
         grads = _gradients(self.drafter.module, loss, self.config.grad_clip)
         if grads is None:
             return None
-        for param, grad in zip(_trainable(self.drafter.module), grads):
-            param.grad = grad
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        _adamw_step(self.optimizer, self.drafter.module, grads)
         return loss.item()
 
     def reset_optimizer(self) -> None:
         self.optimizer = torch.optim.AdamW(_trainable(self.drafter.module), lr=self.lr)
 
     def _optimizer_tensors(self) -> dict[str, torch.Tensor]:
-        return {
-            f"{index}.{key}": value
-            for index, state in self.optimizer.state_dict()["state"].items()
-            for key, value in state.items()
-        }
+        return _adamw_tensors(self.optimizer)
 
     def _load_optimizer_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        state: dict[int, dict[str, torch.Tensor]] = {}
-        for name, value in tensors.items():
-            index, key = name.split(".", 1)
-            state.setdefault(int(index), {})[key] = value.clone()  # AdamW updates its moments in place
-        self.optimizer.load_state_dict({"state": state, "param_groups": self.optimizer.state_dict()["param_groups"]})
+        _load_adamw_tensors(self.optimizer, tensors)
 
     def _optimizer_nbytes(self) -> int:
         return sum(value.nbytes for value in self._optimizer_tensors().values())
+
+
+def _adamw_step(optimizer: torch.optim.AdamW, module: torch.nn.Module, grads: list[torch.Tensor]) -> None:
+    for param, grad in zip(_trainable(module), grads):
+        param.grad = grad
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _adamw_tensors(optimizer: torch.optim.AdamW) -> dict[str, torch.Tensor]:
+    """An AdamW's moments and step counts, named '<parameter index>.<key>'."""
+    return {
+        f"{index}.{key}": value
+        for index, state in optimizer.state_dict()["state"].items()
+        for key, value in state.items()
+    }
+
+
+def _load_adamw_tensors(optimizer: torch.optim.AdamW, tensors: dict[str, torch.Tensor]) -> None:
+    """Restore what _adamw_tensors() returned."""
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        index, key = name.split(".", 1)
+        state.setdefault(int(index), {})[key] = value.clone()  # AdamW updates its moments in place
+    optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
 
 
 class OptimisticLearner(OGDLearner):
@@ -463,29 +481,43 @@ class OptimisticLearner(OGDLearner):
 
 
 class EnsembleLearner(OnlineLearner):
-    """Copies of the drafter learn with lr * scale each; Hedge weights them by their discounted online
-    losses, and the drafter serves the weighted average of their weights."""
+    """Copies of the drafter learn with lr * scale each, by OGD or each with its own AdamW
+    (ensemble_base); Hedge weights them by their discounted online losses, and the drafter serves the
+    weighted average of their weights."""
 
     name = "ensemble"
 
     def __init__(self, drafter: LearnableDrafter, config: LearnerConfig) -> None:
         super().__init__(drafter, config)
+        if config.lr is None and config.ensemble_base == "adamw":
+            self.lr = AdamWLearner.default_lr
         self.copies = [copy.deepcopy(drafter.module) for _ in config.ensemble_scales]
         self.discounted_losses = torch.zeros(len(self.copies))
+        self.optimizers = self._new_optimizers()
 
     @property
     def weights(self) -> torch.Tensor:
         """Hedge weights of the copies [K]."""
         return torch.softmax(-self.discounted_losses / self.config.hedge_temperature, dim=0)
 
+    def _new_optimizers(self) -> list[torch.optim.AdamW]:
+        """One AdamW per copy at its own rate (adamw base); none for OGD, which keeps no state."""
+        if self.config.ensemble_base != "adamw":
+            return []
+        scales = self.config.ensemble_scales
+        return [torch.optim.AdamW(_trainable(module), lr=self.lr * scale) for module, scale in zip(self.copies, scales)]
+
     def update(self, loss_of):
         losses = []
-        for module, scale in zip(self.copies, self.config.ensemble_scales):
+        for index, (module, scale) in enumerate(zip(self.copies, self.config.ensemble_scales)):
             loss = loss_of(module)
             grads = _gradients(module, loss, self.config.grad_clip)
             if grads is None:
                 return None
             losses.append(loss.item())
+            if self.optimizers:
+                _adamw_step(self.optimizers[index], module, grads)
+                continue
             with torch.no_grad():
                 for param, grad in zip(_trainable(module), grads):
                     param.sub_(self.lr * scale * grad)
@@ -510,6 +542,19 @@ class EnsembleLearner(OnlineLearner):
         for module in self.copies:  # every copy restarts from the restored weights
             module.load_state_dict(self.drafter.module.state_dict())
         self.discounted_losses.zero_()
+        self.optimizers = self._new_optimizers()
+
+    def state_meta(self) -> dict:
+        return {**super().state_meta(), "ensemble_base": self.config.ensemble_base}
+
+    def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        saved = meta.get("ensemble_base", "ogd")  # states saved before adamw copies were ogd's
+        if saved != self.config.ensemble_base:
+            raise EvospecError(
+                f"saved state is of an ensemble of {saved} copies, not {self.config.ensemble_base}: "
+                f"run with --ensemble-base {saved}"
+            )
+        super().load_state(tensors, meta)
 
     def _optimizer_tensors(self) -> dict[str, torch.Tensor]:
         copies = {
@@ -517,14 +562,25 @@ class EnsembleLearner(OnlineLearner):
             for i, module in enumerate(self.copies)
             for key, value in module.state_dict().items()
         }
-        return {**copies, "discounted_losses": self.discounted_losses}
+        moments = {
+            f"adamw{i}.{key}": value
+            for i, optimizer in enumerate(self.optimizers)
+            for key, value in _adamw_tensors(optimizer).items()
+        }
+        return {**copies, **moments, "discounted_losses": self.discounted_losses}
 
     def _load_optimizer_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         for i, module in enumerate(self.copies):
             module.load_state_dict(
                 {k.removeprefix(f"copy{i}."): v for k, v in tensors.items() if k.startswith(f"copy{i}.")}
             )
+        for i, optimizer in enumerate(self.optimizers):
+            prefix = f"adamw{i}."
+            _load_adamw_tensors(
+                optimizer, {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
+            )
         self.discounted_losses = tensors["discounted_losses"].clone()
 
     def _optimizer_nbytes(self) -> int:
-        return sum(p.nbytes for module in self.copies for p in module.parameters())
+        moments = sum(value.nbytes for optimizer in self.optimizers for value in _adamw_tensors(optimizer).values())
+        return sum(p.nbytes for module in self.copies for p in module.parameters()) + moments
