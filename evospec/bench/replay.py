@@ -195,7 +195,9 @@ def _add_projections(methods: dict, engines: dict, measured: ForwardCost, max_to
         charged = sum(count * engine.target.recording.cost.of(n) for n, count in passes.items())
         fields["target_passes"] = {str(n): passes[n] for n in sorted(passes)}
         fields["non_target_s"] = fields["wall_s"] - charged
-        fields["projected_tokens_per_s"] = {name: projected_speed(fields, cost) for name, cost in profiles.items()}
+        fields["projected_tokens_per_s"] = {
+            profile: projected_speed(fields, cost) for profile, cost in profiles.items()
+        }
     plain = methods.get("evospec-plain")
     if plain is not None:
         for fields in methods.values():
