@@ -28,7 +28,10 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="also draw tau per block of every method in this PNG")
     args = parser.parse_args()
     runs = [json.loads(Path(path).read_text()) for path in args.results]
-    methods = {name: fields for run in runs for name, fields in run["methods"].items()}
+    # a run's "oracle" is the best of its own single drafters, not of the joined runs'
+    methods = {
+        name: fields for run in runs for name, fields in run["methods"].items() if len(runs) == 1 or name != "oracle"
+    }
     if args.plot:
         plot_blocks({**runs[0], "methods": methods}, args.plot)
     singles = [name for name in methods if name.startswith("evospec:")]

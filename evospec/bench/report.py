@@ -79,9 +79,9 @@ def plot_blocks(results: dict[str, Any], path: Path) -> None:
     axis.set_ylabel("tau (tokens per target pass)")
     axis.set_title(f"{results['target']}: tau per block of the {results['stream']} stream")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    # below the axes: long method names (learner settings) would hide the lines
+    axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
 
 
