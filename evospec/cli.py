@@ -164,7 +164,8 @@ def _add_learning_options(group) -> None:
         type=float,
         default=LEARNING.lr,
         help=f"learning rate (the ensemble's smallest; default: {OnlineLearner.default_lr}, "
-        f"adamw {AdamWLearner.default_lr}, {' and '.join(STEP_LEARNERS)} {StepPreferenceLearner.default_lr})",
+        f"adamw and an ensemble of adamw copies {AdamWLearner.default_lr}, "
+        f"{' and '.join(STEP_LEARNERS)} {StepPreferenceLearner.default_lr})",
     )
     group.add_argument(
         "--ensemble-base",

@@ -35,7 +35,9 @@ ENSEMBLE_BASES = ("ogd", "adamw")  # how each copy of the ensemble steps
 class LearnerConfig:
     """How a learner learns. Each default is defined here, once."""
 
-    lr: float | None = None  # step size (the ensemble's smallest); None: the learner's own default_lr
+    lr: float | None = (
+        None  # step size (the ensemble's smallest); None: the learner's default_lr (adamw copies: AdamW's)
+    )
     schedule: str = "rounds"  # rounds: every `every` rounds; request: after each request; chunk: after `every` requests
     every: int = 24  # a step costs a few target steps on a CPU: learn from the new rows, not every round
     buffer_rows: int = 4096  # feedback rows kept; the oldest go first
