@@ -35,9 +35,7 @@ ENSEMBLE_BASES = ("ogd", "adamw")  # how each copy of the ensemble steps
 class LearnerConfig:
     """How a learner learns. Each default is defined here, once."""
 
-    lr: float | None = (
-        None  # step size (the ensemble's smallest); None: the learner's default_lr (adamw copies: AdamW's)
-    )
+    lr: float | None = None  # step size (the ensemble's smallest); None: the learner's default (adamw copies: AdamW's)
     schedule: str = "rounds"  # rounds: every `every` rounds; request: after each request; chunk: after `every` requests
     every: int = 24  # a step costs a few target steps on a CPU: learn from the new rows, not every round
     buffer_rows: int = 4096  # feedback rows kept; the oldest go first
@@ -297,12 +295,8 @@ class OnlineLearner:
                 f"saved state is of learner {meta.get('learner')!r} on {meta.get('drafter')!r}, "
                 f"not {self.name!r} on {self.drafter.name!r}"
             )
-        self.drafter.module.load_state_dict(
-            {k.removeprefix("drafter."): v for k, v in tensors.items() if k.startswith("drafter.")}
-        )
-        self._load_optimizer_tensors(
-            {k.removeprefix("optimizer."): v for k, v in tensors.items() if k.startswith("optimizer.")}
-        )
+        self.drafter.module.load_state_dict(tensors_under(tensors, "drafter."))
+        self._load_optimizer_tensors(tensors_under(tensors, "optimizer."))
         self.drafter.version = int(meta["drafter_version"])
         self.stats.steps = int(meta.get("steps", 0))
         self.stats.skipped = int(meta.get("skipped", 0))
@@ -338,6 +332,11 @@ class OnlineLearner:
 
     def _optimizer_nbytes(self) -> int:
         return 0
+
+
+def tensors_under(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors named prefix + key, by key: one part of a learner's saved state."""
+    return {key.removeprefix(prefix): value for key, value in tensors.items() if key.startswith(prefix)}
 
 
 def _batches(traces: list[Trace], rows: int) -> list[list[Trace]]:
@@ -573,14 +572,9 @@ class EnsembleLearner(OnlineLearner):
 
     def _load_optimizer_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         for i, module in enumerate(self.copies):
-            module.load_state_dict(
-                {k.removeprefix(f"copy{i}."): v for k, v in tensors.items() if k.startswith(f"copy{i}.")}
-            )
+            module.load_state_dict(tensors_under(tensors, f"copy{i}."))
         for i, optimizer in enumerate(self.optimizers):
-            prefix = f"adamw{i}."
-            _load_adamw_tensors(
-                optimizer, {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
-            )
+            _load_adamw_tensors(optimizer, tensors_under(tensors, f"adamw{i}."))
         self.discounted_losses = tensors["discounted_losses"].clone()
 
     def _optimizer_nbytes(self) -> int:

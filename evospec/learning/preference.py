@@ -21,7 +21,7 @@ import torch
 from evospec.errors import EvospecError
 from evospec.learnable import LearnableDrafter
 from evospec.learning.buffer import packed
-from evospec.learning.learners import AdamWLearner, LearnerConfig
+from evospec.learning.learners import AdamWLearner, LearnerConfig, tensors_under
 from evospec.types import JudgedStep, RoundFeedback
 
 
@@ -136,9 +136,7 @@ class StepPreferenceLearner(AdamWLearner):
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         super().load_state({k: v for k, v in tensors.items() if not k.startswith("reference.")}, meta)
-        self.reference.load_state_dict(
-            {k.removeprefix("reference."): v for k, v in tensors.items() if k.startswith("reference.")}
-        )
+        self.reference.load_state_dict(tensors_under(tensors, "reference."))
         self.pairs = int(meta.get("pairs", 0))
 
     def report(self) -> dict:
