@@ -61,6 +61,13 @@ def test_bad_settings_fail_before_loading_anything(capsys, argv, message):
     assert status == 2 and message in err and "Traceback" not in err
 
 
+def test_an_unknown_ensemble_base_is_refused_while_parsing(capsys):
+    with pytest.raises(SystemExit) as exited:  # argparse's own choices
+        run_cli(capsys, "serve", "--target", SMOL, "--ensemble-base", "sgd")
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "--ensemble-base: invalid choice: 'sgd'" in err and "Traceback" not in err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "argv, message",

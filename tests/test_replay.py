@@ -309,6 +309,7 @@ def test_a_method_name_sets_learner_fields_optional_ones_included():
         (["--method", "llamacpp-plain"], "unknown bench method"),
         (["--method", "evospec:ngram@every=often"], "is not a int"),
         (["--method", "evospec:ngram@rate=2"], "LearnerConfig has no setting 'rate'"),
+        (["--method", "evospec:ngram@ensemble_base=sgd"], "ensemble base is one of ogd, adamw, got 'sgd'"),
         (["--block-size", "0"], "--block-size must be >= 1"),
         (["--live", "--profile", "h100-bf16-roofline"], "--live takes no --profile"),
     ],
