@@ -91,7 +91,8 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--selector",
-        help="ucb-bd (default with several drafters) | ucb-be | ucb-speed | exp3 | hedge | contextual | "
+        help="ucb-bd (default with several drafters) | ucb-be | ucb-bd-contextual | ucb-be-contextual | "
+        "ucb-speed | exp3 | hedge | contextual | "
         "contextual-speed | thompson | thompson-speed | egreedy | round-robin | fixed:NAME",
     )
     learning = parser.add_argument_group("online learning (eagle, hydra and lora:MODEL drafters)")

@@ -175,6 +175,41 @@ def test_the_contextual_selector_explores_an_arm_without_drafts_and_skips_a_chea
     assert selector.select({}) == "lm"  # a has nothing to draft this round
 
 
+@pytest.mark.parametrize("reward", ["bd", "be"])
+def test_contextual_ucb_learns_each_labels_arm_from_its_pulls_alone_and_beats_every_single_arm(reward):
+    """The stream of the contextual selector's test, with bandit feedback: only the pulled draft's
+    reward comes back (observe() hears the others and must not learn from them). UCB per (arm,
+    label) still finds that a long match pays on either arm; plain UCB, one arm for all rounds, cannot."""
+    means = {"long": 0.9, "short": 0.2}
+    results = {}
+    for name in (f"ucb-{reward}-contextual", f"ucb-{reward}"):
+        selector, rng, total = build_selector(name, ["a", "b"], SelectorConfig(seed=1)), random.Random(0), 0.0
+        for _ in range(2000):
+            labels = dict(zip("ab", rng.sample(["long", "short"], 2)))
+            arm = selector.select({other: Offer(label, asked=4, size=4) for other, label in labels.items()})
+            rewards = {other: float(rng.random() < means[labels[other]]) for other in "ab"}
+            selector.update(arm, rewards[arm])
+            if selector.full_information:
+                selector.observe({other: ArmScore(1.0 - rewards[other], labels[other]) for other in "ab"})
+            total += rewards[arm]
+        results[name] = total / 2000
+    assert results[f"ucb-{reward}-contextual"] > 0.85 > 0.6 > results[f"ucb-{reward}"]
+
+
+def test_contextual_ucb_tries_each_arm_and_label_once_and_skips_a_cheap_arm_without_a_draft():
+    selector = build_selector("ucb-bd-contextual", ["lm", "a"], SelectorConfig(seed=1))
+    match2, match8 = {"a": Offer("match2", 4, 4)}, {"a": Offer("match8", 4, 4)}
+    assert selector.select(match2) == "lm"  # every (arm, label) once first, in the arms' order
+    selector.update("lm", 0.5)
+    assert selector.select(match2) == "a"
+    selector.update("a", 0.25)
+    assert selector.contexts == {"lm": {"": [1.0, 0.5]}, "a": {"match2": [1.0, 0.25]}}
+    assert selector.select(match8) == "a"  # a new label of a is a new context: tried before UCB picks
+    selector.update("a", 1.0)
+    assert selector.contexts["a"]["match8"] == [1.0, 1.0]
+    assert selector.select({}) == "lm"  # a has nothing to draft this round
+
+
 def test_contextual_speed_weighs_each_drafts_accepted_tokens_against_the_cost_of_verifying_it():
     """Asked for 8 tokens, arm a drafts all 8 and gets half of them accepted; b drafts 2 and gets both.
     Per round a is better (4 tokens against 2), so the contextual selector picks it; per second b is,
@@ -294,6 +329,8 @@ def test_the_registry_lists_the_issues_selectors():
         "ucb-bd",
         "ucb-be",
         "ucb-speed",
+        "ucb-bd-contextual",
+        "ucb-be-contextual",
         "exp3",
         "hedge",
         "contextual",

@@ -152,6 +152,73 @@ class UCB(_Counts):
         )
 
 
+class ContextualUCB(UCB):
+    """MetaSD-UCB with a context: before each pick every cheap arm drafts (as for the full-information
+    selectors), and each (arm, label of its draft this round) is an arm of its own, the label being
+    the length of the match the draft continues. The pick is argmax mean + beta * sqrt(2 ln t / n) over
+    this round's (arm, label) pairs, each pair tried once first. Feedback stays a bandit's: only the
+    pulled draft's reward is learned, so a short match of one arm can win over a long match of the
+    other only once pulls have shown it. An arm without drafts of its own (a neural drafter) is one
+    context, "". A cheap arm with nothing to draft this round is not picked while another arm can be."""
+
+    full_information = True  # for the labels of the cheap arms' drafts before the pick
+
+    def reset(self) -> None:
+        super().reset()
+        self.cheap: set[str] = set()  # arms seen with a draft of their own before a pick
+        # arm -> label -> [pulls, reward sum] of the rounds it was pulled with a draft of that label
+        self.contexts: dict[str, dict[str, list[float]]] = {arm: {} for arm in self.arms}
+        self._pulled: tuple[str, str] | None = None  # (arm, label) of the last pick
+
+    def select(self, offers: Mapping[str, Offer] | None = None) -> str:
+        offers = offers or {}
+        self.cheap.update(offers)
+        candidates = [(arm, offers[arm].label if arm in offers else "") for arm in self.awake]
+        drafting = [pair for pair in candidates if pair[0] in offers or pair[0] not in self.cheap]
+        candidates = drafting or candidates
+        untried = next((pair for pair in candidates if not self._pulls_of(pair)), None)
+        if untried is not None:
+            self._pulled = untried
+            return untried[0]
+        log_total = math.log(max(sum(self.pulls.values()), 1.0))
+        self._pulled = max(candidates, key=lambda pair: self._index(pair, log_total))
+        return self._pulled[0]
+
+    def _pulls_of(self, pair: tuple[str, str]) -> float:
+        arm, label = pair
+        return self.contexts[arm].get(label, (0.0, 0.0))[0]
+
+    def _index(self, pair: tuple[str, str], log_total: float) -> float:
+        arm, label = pair
+        pulls, reward = self.contexts[arm][label]
+        return reward / pulls + self.config.beta * math.sqrt(2 * log_total / pulls)
+
+    def update(self, arm: str, reward: float) -> None:
+        super().update(arm, reward)
+        for labels in self.contexts.values():
+            for values in labels.values():
+                values[0] *= self.config.discount
+                values[1] *= self.config.discount
+        label = self._pulled[1] if self._pulled and self._pulled[0] == arm else ""
+        values = self.contexts[arm].setdefault(label, [0.0, 0.0])
+        values[0] += 1
+        values[1] += reward
+
+    def observe(self, scores: Mapping[str, ArmScore]) -> None:
+        """Bandit feedback: the scores of drafts that were not pulled are not learned."""
+
+    def state_dict(self) -> dict[str, Any]:
+        contexts = {arm: {label: list(v) for label, v in labels.items()} for arm, labels in self.contexts.items()}
+        return {**super().state_dict(), "cheap": sorted(self.cheap), "contexts": contexts}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.cheap = set(state["cheap"]) & set(self.arms)
+        self.contexts = {
+            arm: {label: [float(n), float(r)] for label, (n, r) in state["contexts"][arm].items()} for arm in self.arms
+        }
+
+
 class EXP3(_Counts):
     """Exponential weights for adversarial rewards (Auer et al. 2002), importance-weighted updates."""
 
@@ -419,6 +486,8 @@ SELECTORS: dict[str, Callable[[Sequence[str], SelectorConfig, str | None], Selec
     "ucb-bd": lambda arms, config, arg: UCB(arms, config, reward_kind="bd"),
     "ucb-be": lambda arms, config, arg: UCB(arms, config, reward_kind="be"),
     "ucb-speed": lambda arms, config, arg: UCB(arms, config, reward_kind="speed"),
+    "ucb-bd-contextual": lambda arms, config, arg: ContextualUCB(arms, config, reward_kind="bd"),
+    "ucb-be-contextual": lambda arms, config, arg: ContextualUCB(arms, config, reward_kind="be"),
     "exp3": lambda arms, config, arg: EXP3(arms, config),
     "hedge": lambda arms, config, arg: Hedge(arms, config),
     "contextual": lambda arms, config, arg: Contextual(arms, config),
