@@ -138,6 +138,12 @@ def _add_step_options(parser: argparse.ArgumentParser) -> None:
         help="keep a drafted step only if it states the numbers the target's step states (arithmetic)",
     )
     steps.add_argument(
+        "--lookahead",
+        type=int,
+        default=STEPS.lookahead,
+        help="steps drafted a round; above 1 the target writes its versions of them side by side (greedy)",
+    )
+    steps.add_argument(
         "--follow-target",
         action="store_true",
         help="emit the target's every step (lossless): the drafter's steps are only judged and learned from",
@@ -155,6 +161,7 @@ def _step_config(args: argparse.Namespace) -> StepConfig:
         similarity=args.similarity,
         same_numbers=args.same_numbers,
         follow_target=args.follow_target,
+        lookahead=args.lookahead,
     )
 
 
@@ -244,7 +251,13 @@ def _generator_loader(args: argparse.Namespace, config: GenerationConfig) -> Cal
     learner_config = _learner_config(args)
     step_config = _step_config(args) if args.reasoning_speculation else None
     step_flags = [
-        flag for flag, on in (("--same-numbers", args.same_numbers), ("--follow-target", args.follow_target)) if on
+        flag
+        for flag, on in (
+            ("--same-numbers", args.same_numbers),
+            ("--follow-target", args.follow_target),
+            ("--lookahead", args.lookahead != STEPS.lookahead),
+        )
+        if on
     ]
     if step_flags and step_config is None:
         raise EvospecError(f"{' and '.join(step_flags)} judge reasoning steps: add --reasoning-speculation")

@@ -149,8 +149,14 @@ class StepConfig:
     # counted and learned from (lossless learning while serving, and what a replay of recorded answers
     # can measure, since it knows the target's steps only on the target's own answer).
     follow_target: bool = False
+    # Steps the drafter writes a round. Above 1, the target writes its versions of all of them side by
+    # side (Lookahead Reasoning's batch: one pass over every drafted step, then one forked sequence a
+    # step that parts from the target's, decoding together), greedily.
+    lookahead: int = 1
 
     def __post_init__(self) -> None:
+        if self.lookahead < 1:
+            raise EvospecError(f"lookahead is the steps drafted a round, >= 1, got {self.lookahead}")
         if self.judge not in JUDGE_KINDS:
             raise EvospecError(f"unknown judge {self.judge!r}; choose one of {', '.join(JUDGE_KINDS)}")
         if not self.delimiter:

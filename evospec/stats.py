@@ -64,6 +64,7 @@ class SpecStats:
     num_draft_steps: int = 0
     num_accepted_steps: int = 0
     num_identical_steps: int = 0  # of the kept steps, those that equal the target's token for token
+    num_discarded_steps: int = 0  # drafted past a step that did not stand in a lookahead round, never judged
     judge_s: float = 0.0
 
     def record(self, draft: Draft, verdict: Verdict) -> None:
@@ -125,8 +126,9 @@ class SpecStats:
 
     @property
     def step_acceptance_rate(self) -> float | None:
-        """Kept / drafted steps; None without step-level speculation."""
-        return self.num_accepted_steps / self.num_draft_steps if self.num_draft_steps else None
+        """Kept / judged steps; None without step-level speculation."""
+        judged = self.num_draft_steps - self.num_discarded_steps
+        return self.num_accepted_steps / judged if judged else None
 
     @property
     def loop_overhead_us(self) -> float:
@@ -171,6 +173,7 @@ class SpecStats:
                     "num_draft_steps": self.num_draft_steps,
                     "num_accepted_steps": self.num_accepted_steps,
                     "num_identical_steps": self.num_identical_steps,
+                    "num_discarded_steps": self.num_discarded_steps,
                     "step_acceptance_rate": self.step_acceptance_rate,
                     "judge_s": self.judge_s,
                 }

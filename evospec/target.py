@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -78,3 +78,18 @@ class LanguageModel(Protocol):
 
     def trim(self, length: int) -> None:
         """Keep the first `length` cached tokens."""
+
+
+class BranchingLM(LanguageModel, Protocol):
+    """A LanguageModel whose cache forks: branches from a common prefix that decode side by side (one
+    llama.cpp call over several sequences; one forward a branch on hf). A branch is the backend's own
+    handle, valid until dropped or until the cache is reset."""
+
+    def fork(self, length: int) -> Any:
+        """A branch holding the first `length` (>= 1) cached tokens."""
+
+    def forward_branches(self, branches: Sequence[Any], token_ids: Sequence[int]) -> torch.Tensor:
+        """Append token_ids[i] to branches[i] -> logits [len(branches), V], valid until the next forward."""
+
+    def drop(self, branch: Any) -> None:
+        """Forget a branch."""

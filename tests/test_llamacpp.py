@@ -251,3 +251,23 @@ def test_a_collection_keeps_each_positions_own_hidden_state(smollm, tmp_path):
         made = recording.rows_of(index, hidden=True).hidden
         assert kept.shape == made.shape == (len(answer.tokens), smollm.hidden_size)
         assert torch.nn.functional.cosine_similarity(kept, made).min() > 0.98
+
+
+def test_forks_of_a_llamacpp_cache_decode_side_by_side_as_each_would_alone(smollm):
+    """Sequences of one context: a fork shares its prefix's cells, and forks decode in one call as
+    each would on a context of its own (llama.cpp rounds a batch differently: close, same argmax)."""
+    prompt = smollm.tokenizer.encode(PROMPTS[0])
+    trunk = smollm.new_lm(branches=2)
+    trunk.forward(prompt)
+    lengths, tokens = [len(prompt), len(prompt) - 3], [prompt[-1], prompt[-4]]
+    forks = [trunk.fork(length) for length in lengths]
+    together = trunk.forward_branches(forks, tokens).clone()
+    for length, token, logits in zip(lengths, tokens, together):
+        alone = smollm.new_lm()
+        alone.forward(prompt[:length])
+        expected = alone.forward([token])[0]
+        assert logits.argmax() == expected.argmax() and torch.allclose(logits, expected, atol=0.5)
+    for fork in forks:
+        trunk.drop(fork)
+    with pytest.raises(EvospecError, match="every branch"):
+        [trunk.fork(1) for _ in range(3)]

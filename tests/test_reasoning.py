@@ -84,22 +84,31 @@ def greedy_step(model, context: list[int], room: int, tokenizer, eos: frozenset[
     return tokens, "length"
 
 
-def test_with_no_drafted_step_kept_the_output_is_plain_decoding(target, drafter_model):
-    speculator = StepSpeculator(target, SmallLMDrafter(CachedLM(drafter_model), "lm:tiny"), Never(), STEPS)
+LOOKAHEADS = [1, 3]  # one step a round, and Lookahead Reasoning's rounds of several
+
+
+@pytest.mark.parametrize("lookahead", LOOKAHEADS)
+def test_with_no_drafted_step_kept_the_output_is_plain_decoding(target, drafter_model, lookahead):
+    config = dataclasses.replace(STEPS, lookahead=lookahead)
+    speculator = StepSpeculator(target, SmallLMDrafter(CachedLM(drafter_model), "lm:tiny"), Never(), config)
     eos = sorted(target.eos_token_ids)
+    discarded = 0
     for prompt in random_prompts(6, seed=3):
         tokens, stats = generate(speculator, prompt)
         assert tokens == reference_greedy(target.model, prompt, MAX_NEW, eos_token_id=eos)
         assert stats.num_draft_steps > 0 and stats.num_accepted_steps == stats.num_identical_steps
         assert stats.new_tokens == len(tokens) and stats.num_verifications > 0
+        discarded += stats.num_discarded_steps
+    assert (discarded > 0) == (lookahead > 1)  # steps drafted past a rejected one are never judged
 
 
-def test_following_the_target_keeps_its_every_step_while_the_judge_still_counts(target):
+@pytest.mark.parametrize("lookahead", LOOKAHEADS)
+def test_following_the_target_keeps_its_every_step_while_the_judge_still_counts(target, lookahead):
     """With follow_target the output is plain decoding's even under a judge that accepts every step;
     the verdicts are still counted, and a step learner still learns from them."""
     drafter = adapted_lm(target)
     learner = build_learner("dpo", drafter, LearnerConfig(every=1))
-    config = dataclasses.replace(STEPS, follow_target=True)
+    config = dataclasses.replace(STEPS, follow_target=True, lookahead=lookahead)
     speculator = StepSpeculator(target, drafter, Always(), config, [learner])
     eos = sorted(target.eos_token_ids)
     judged_only, rejected = 0, 0
@@ -107,17 +116,19 @@ def test_following_the_target_keeps_its_every_step_while_the_judge_still_counts(
         tokens, stats = generate(speculator, prompt)
         assert tokens == reference_greedy(target.model, prompt, MAX_NEW, eos_token_id=eos)
         judged_only += stats.num_accepted_steps - stats.num_identical_steps
-        rejected += stats.num_draft_steps - stats.num_accepted_steps  # steps that end otherwise
+        rejected += stats.num_draft_steps - stats.num_discarded_steps - stats.num_accepted_steps  # end otherwise
     assert judged_only > 0  # steps the judge accepted that differ from the target's were not emitted
     assert rejected > 0 and learner.pairs == rejected and learner.stats.steps >= 1
 
 
+@pytest.mark.parametrize("lookahead", LOOKAHEADS)
 @pytest.mark.parametrize("same_numbers", [False, True])
-def test_a_kept_step_is_the_drafters_own_where_both_steps_end_alike(target, drafter_model, same_numbers):
+def test_a_kept_step_is_the_drafters_own_where_both_steps_end_alike(target, drafter_model, same_numbers, lookahead):
     """Against a reference written here: each step, both models' greedy steps from the same prefix;
     the drafter's is kept when the judge says so and both end the same way (and, with same_numbers,
-    state the same numbers: here the numbers in the tiny vocabulary's words)."""
-    config = dataclasses.replace(STEPS, same_numbers=same_numbers)
+    state the same numbers: here the numbers in the tiny vocabulary's words). Lookahead rounds keep
+    the same steps: each target step is written from the prefix the kept steps make."""
+    config = dataclasses.replace(STEPS, same_numbers=same_numbers, lookahead=lookahead)
     speculator = StepSpeculator(target, SmallLMDrafter(CachedLM(drafter_model), "lm:tiny"), Always(), config)
     tokenizer, eos = target.tokenizer, target.eos_token_ids
     kept_drafted, judged_kept = 0, 0
@@ -153,6 +164,43 @@ def test_a_drafted_step_the_target_agrees_with_is_verified_in_few_passes(target)
         total.merge(generate(speculator, prompt, k=8)[1])
     assert total.num_identical_steps == total.num_accepted_steps == total.num_draft_steps
     assert total.num_verifications <= 2 * total.num_draft_steps and total.tau > 2
+
+
+def test_a_lookahead_round_verifies_every_drafted_step_in_one_pass(target):
+    """The drafter is the target: every step is identical, and a round of 3 steps is one target pass."""
+    config = dataclasses.replace(STEPS, lookahead=3)
+    speculator = StepSpeculator(target, SmallLMDrafter(CachedLM(target.model), "lm:self"), Never(), config)
+    total = SpecStats()
+    for prompt in random_prompts(4, seed=5):
+        total.merge(generate(speculator, prompt)[1])
+    assert total.num_identical_steps == total.num_accepted_steps == total.num_draft_steps
+    assert total.num_verifications <= total.num_draft_steps / 2 and total.num_discarded_steps == 0
+
+
+def test_forks_of_a_cache_decode_as_the_cache_would(target):
+    """A fork holds its prefix, goes on apart from the cache it came from, and decodes side by side
+    with other forks as each would alone."""
+    prompt = random_prompts(1, seed=8)[0]
+    trunk = target.new_lm(branches=2)
+    trunk.forward(prompt)
+    forks = [trunk.fork(len(prompt)), trunk.fork(len(prompt) - 2)]
+    tokens = [prompt[-1] + 1, prompt[-3]]
+    together = trunk.forward_branches(forks, tokens).clone()
+    for length, token, logits in zip([len(prompt), len(prompt) - 2], tokens, together):
+        alone = CachedLM(target.model)
+        alone.forward(prompt[:length])
+        torch.testing.assert_close(logits, alone.forward([token])[0])
+    assert trunk.length == len(prompt)
+    for fork in forks:
+        trunk.drop(fork)
+
+
+def test_lookahead_rounds_are_greedy(target, drafter_model):
+    config = dataclasses.replace(STEPS, lookahead=2)
+    speculator = StepSpeculator(target, SmallLMDrafter(CachedLM(drafter_model), "lm:tiny"), Never(), config)
+    sampled = GenerationConfig(max_new_tokens=4, sampling=SamplingConfig(temperature=1.0))
+    with pytest.raises(EvospecError, match="greedily"):
+        list(speculator.generate(random_prompts(1, seed=1)[0], sampled, SpecStats()))
 
 
 def test_sampled_steps_repeat_with_their_seed_and_differ_without_it(target, drafter_model):
@@ -202,6 +250,8 @@ def test_step_settings_are_checked():
         StepConfig(delimiter="")
     with pytest.raises(EvospecError, match="unknown judge"):
         StepConfig(judge="oracle")
+    with pytest.raises(EvospecError, match="lookahead"):
+        StepConfig(lookahead=0)
     assert set(JUDGES) == set(JUDGE_KINDS)  # every judge a StepConfig may name is built by the registry
 
 

@@ -52,8 +52,9 @@ class Backend(Protocol):
     def load(self, spec: str, config: LoadConfig) -> LoadedModel:
         """The model spec names, ready for inference; anything wrong is an EvospecError."""
 
-    def new_lm(self, model: Any, hidden_states: bool) -> LanguageModel:
-        """A fresh KV cache over the weights; hidden_states: forward_with_hidden will be called."""
+    def new_lm(self, model: Any, hidden_states: bool, branches: int) -> LanguageModel:
+        """A fresh KV cache over the weights; hidden_states: forward_with_hidden will be called;
+        branches > 0: a BranchingLM whose forks, that many at once, decode side by side."""
 
     def token_matrices(self, model: Any) -> TokenMatrices:
         """Its token embedding and output matrix."""
@@ -100,12 +101,13 @@ class LoadedModel:
     context_length: int  # the longest sequence it takes
     eos_token_ids: frozenset[int]  # every id that ends generation
 
-    def new_lm(self, hidden_states: bool = False) -> LanguageModel:
+    def new_lm(self, hidden_states: bool = False, branches: int = 0) -> LanguageModel:
         """A fresh KV cache over these weights, for a target or a small-LM drafter.
 
-        hidden_states: the user will call forward_with_hidden (llama.cpp must know in advance).
+        hidden_states: the user will call forward_with_hidden (llama.cpp must know in advance);
+        branches > 0: it is a BranchingLM, whose forks, that many at once, decode side by side.
         """
-        return self.backend.new_lm(self.model, hidden_states)
+        return self.backend.new_lm(self.model, hidden_states, branches)
 
     @property
     def weights_format(self) -> str:

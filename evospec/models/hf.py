@@ -6,6 +6,7 @@ from the local cache before the network.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -90,6 +91,25 @@ class CachedLM:
             self.cache.crop(length - self.length)  # crop takes the (negative) number of tokens to drop
             self.length = length
 
+    def fork(self, length: int) -> CachedLM:
+        """A copy of this cache holding its first `length` tokens."""
+        if not 0 < length <= self.length:
+            raise EvospecError(f"a branch forks from 1..{self.length} cached tokens, not {length}")
+        branch = CachedLM(self.model)
+        branch.cache = copy.deepcopy(self.cache)
+        branch.length = self.length
+        branch.trim(length)
+        return branch
+
+    def forward_branches(self, branches: Sequence[CachedLM], token_ids: Sequence[int]) -> torch.Tensor:
+        """Append token_ids[i] to branches[i] -> logits [len(branches), V], one forward a branch (the
+        branches' lengths differ, which one padded batch would have to mask)."""
+        return torch.cat([branch.forward([token]) for branch, token in zip(branches, token_ids, strict=True)])
+
+    def drop(self, branch: CachedLM) -> None:
+        """Forget a branch (its cache is freed with it)."""
+        branch.reset()
+
 
 class DenseTokens:
     """The token matrices of a model in memory, indexed in place."""
@@ -154,8 +174,8 @@ class HFBackend(MeasuredBackend):
             spec, model, tokenizer, source, self, text.vocab_size, text.hidden_size, text.max_position_embeddings, eos
         )
 
-    def new_lm(self, model: PreTrainedModel, hidden_states: bool) -> CachedLM:
-        return CachedLM(model)
+    def new_lm(self, model: PreTrainedModel, hidden_states: bool, branches: int) -> CachedLM:
+        return CachedLM(model)  # its forks are copies, as many as asked
 
     def token_matrices(self, model: PreTrainedModel) -> DenseTokens:
         return DenseTokens(model)

@@ -35,7 +35,7 @@ from evospec.models.hf import default_device, from_pretrained, gguf_cache_dir
 from evospec.models.zoo import ZOO, convert_tokenizer, pull, tokenizer_dir
 from evospec.target import PromptPass, top_next_tokens
 
-SEQUENCE = 0  # batch 1: every token lives in sequence 0
+SEQUENCE = 0  # the cache's own tokens live in sequence 0; its branches in sequences 1, 2, ...
 
 
 @dataclass(frozen=True)
@@ -96,9 +96,10 @@ class LlamaCppModel:
         """The CPU threads its contexts compute with."""
         return self.config.threads or default_threads()
 
-    def new_lm(self, hidden_states: bool = False) -> LlamaCppLM:
-        """A fresh context over these weights; hidden_states turns on llama.cpp's per-token embeddings output."""
-        return LlamaCppLM(self, hidden_states)
+    def new_lm(self, hidden_states: bool = False, branches: int = 0) -> LlamaCppLM:
+        """A fresh context over these weights; hidden_states turns on llama.cpp's per-token embeddings
+        output; branches: how many forks of the cache may live at once (sequences of the context)."""
+        return LlamaCppLM(self, hidden_states, branches)
 
     def __del__(self) -> None:
         if getattr(self, "handle", None):
@@ -106,16 +107,27 @@ class LlamaCppModel:
             self.handle = None
 
 
-class LlamaCppLM:
-    """A llama.cpp context holding the first `length` tokens of one sequence: the llama.cpp CachedLM."""
+@dataclass
+class Branch:
+    """A fork of a LlamaCppLM's cache: a sequence of its context holding `length` tokens, the first
+    ones shared with the cache it forked from (a unified KV cache stores a shared cell once)."""
 
-    def __init__(self, model: LlamaCppModel, hidden_states: bool = False) -> None:
+    sequence: int
+    length: int
+
+
+class LlamaCppLM:
+    """A llama.cpp context holding the first `length` tokens of one sequence: the llama.cpp CachedLM.
+    With branches, forks of it decode side by side in one llama_decode call (forward_branches)."""
+
+    def __init__(self, model: LlamaCppModel, hidden_states: bool = False, branches: int = 0) -> None:
         lib = model._lib
         params = lib.llama_context_default_params()
         params.n_ctx = model.context_length
         params.n_batch = params.n_ubatch = model.config.batch_size
         params.n_threads = params.n_threads_batch = model.threads
-        params.n_seq_max = 1
+        params.n_seq_max = 1 + branches
+        params.kv_unified = branches > 0  # one cache for every sequence: a fork shares its prefix's cells
         params.embeddings = hidden_states
         if hidden_states:
             params.pooling_type = lib.LLAMA_POOLING_TYPE_NONE  # one hidden state per token, not pooled
@@ -129,6 +141,7 @@ class LlamaCppLM:
         self._hidden_states = hidden_states
         self.length = 0
         self._last_call_tokens = 0  # tokens in the last llama_decode call (its outputs are found by batch index)
+        self._free_sequences = list(range(branches, SEQUENCE, -1))  # popped lowest first
 
     def reset(self) -> None:
         """Forget every cached token."""
@@ -223,6 +236,39 @@ class LlamaCppLM:
         if length < self.length:
             self._lib.llama_memory_seq_rm(self._memory, SEQUENCE, length, -1)
             self.length = length
+
+    def fork(self, length: int) -> Branch:
+        """A branch holding the first `length` cached tokens (no copy: the cells are shared)."""
+        if not self._free_sequences:
+            raise EvospecError("every branch of this llama.cpp context is in use (new_lm(branches=...) sets how many)")
+        if not 0 < length <= self.length:
+            raise EvospecError(f"a branch forks from 1..{self.length} cached tokens, not {length}")
+        branch = Branch(self._free_sequences.pop(), length)
+        self._lib.llama_memory_seq_cp(self._memory, SEQUENCE, branch.sequence, 0, length)
+        return branch
+
+    def forward_branches(self, branches: Sequence[Branch], token_ids: Sequence[int]) -> torch.Tensor:
+        """Append token_ids[i] to branches[i], all in one call -> logits [len(branches), V], a view
+        of llama.cpp's output buffer (use it before the next forward)."""
+        batch = self._batch
+        batch.n_tokens = len(branches)
+        for i, (branch, token) in enumerate(zip(branches, token_ids, strict=True)):
+            batch.token[i] = token
+            batch.pos[i] = branch.length
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = branch.sequence
+            batch.logits[i] = True
+            branch.length += 1
+        status = self._lib.llama_decode(self.handle, batch)
+        if status != 0:
+            raise EvospecError(f"llama_decode of {len(branches)} branches failed with status {status}")
+        self._last_call_tokens = len(branches)
+        return self._outputs(len(branches), hidden=False)[0]
+
+    def drop(self, branch: Branch) -> None:
+        """Forget a branch; its sequence serves the next fork."""
+        self._lib.llama_memory_seq_rm(self._memory, branch.sequence, -1, -1)
+        self._free_sequences.append(branch.sequence)
 
     def _decode(self, token_ids: Sequence[int], chunk_size: int, first_output: int) -> None:
         """Feed token_ids in calls of at most chunk_size; positions from first_output on produce outputs."""
@@ -321,8 +367,8 @@ class LlamaCppBackend(MeasuredBackend):
             model.eog_token_ids,
         )
 
-    def new_lm(self, model: LlamaCppModel, hidden_states: bool) -> LlamaCppLM:
-        return model.new_lm(hidden_states)
+    def new_lm(self, model: LlamaCppModel, hidden_states: bool, branches: int) -> LlamaCppLM:
+        return model.new_lm(hidden_states, branches)
 
     def token_matrices(self, model: LlamaCppModel) -> GGUFTokens:
         return GGUFTokens(model)

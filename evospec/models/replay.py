@@ -279,7 +279,9 @@ class ReplayBackend:
     def load(self, spec: str, config: LoadConfig) -> LoadedModel:
         raise EvospecError("a replayed target is made from recorded answers (evospec replay), not loaded by name")
 
-    def new_lm(self, model: Recording, hidden_states: bool) -> LanguageModel:
+    def new_lm(self, model: Recording, hidden_states: bool, branches: int) -> LanguageModel:
+        if branches:
+            raise EvospecError("a recording holds the target on its own answers only, so its cache cannot branch")
         return ReplayLM(model, hidden_states)
 
     def token_matrices(self, model: Recording) -> TokenMatrices:

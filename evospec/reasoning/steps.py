@@ -9,8 +9,13 @@ if so the drafter's step is kept, otherwise the target's. Kept drafter steps mak
 design (opt-in); with a judge that accepts nothing, or with follow_target (the verdicts are then only
 counted and learned from), its output is plain decoding's.
 
-The target's steps are made one after another here. Lookahead Reasoning's speed comes from writing
-the target's versions of several drafted steps in one batch, which is not built.
+With lookahead above 1, a round is Lookahead Reasoning's: the drafter writes several steps, one
+after another, and the target writes its versions of all of them side by side, each from the prefix
+the drafted steps before it make. One target pass over every drafted step verifies each step's
+tokens; where a step parts from the target's, a fork of the target's cache goes on from there, and
+the forks decode together (one llama.cpp call over several sequences). The steps are judged in order:
+the round keeps drafted steps while they stand and ends with the target's version of the first that
+does not (its later steps came from a prefix no longer kept).
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from evospec.config import GenerationConfig, StepConfig
 from evospec.draft_length import AdaptiveDraftLength, DraftLength
+from evospec.drafters.base import common_prefix_length
 from evospec.drafters.prediction import PredictionDrafter
 from evospec.drafters.small_lm import SmallLMDrafter
 from evospec.engine import Engine, emit
@@ -34,6 +40,7 @@ from evospec.models.backend import LoadedModel
 from evospec.reasoning.judges import Judge, TargetJudge, build_judge
 from evospec.sampling import Sampler
 from evospec.stats import SpecStats
+from evospec.target import BranchingLM
 from evospec.types import JudgedStep
 
 
@@ -101,6 +108,8 @@ class StepSpeculator:
                 raise EvospecError("a replay of recorded answers judges steps only while following the target")
             if isinstance(judge, TargetJudge):
                 raise EvospecError("the target judge reads the target on a judge prompt, which no recording holds")
+        if config.lookahead > 1 and target.backend.name == "replay":
+            raise EvospecError("a recording cannot write the target's versions of drafted steps: use lookahead 1")
         self.target = target
         self.drafter = drafter
         self.judge = judge
@@ -119,6 +128,9 @@ class StepSpeculator:
             clock=target.clock,
             keep_prefix=True,
         )
+        # Lookahead rounds write the target's steps on a cache whose forks decode side by side.
+        self.trunk: BranchingLM | None = target.new_lm(branches=config.lookahead) if config.lookahead > 1 else None
+        self.trunk_tokens: list[int] = []  # what the trunk caches
         self.requests = 0
 
     def generate(
@@ -127,6 +139,8 @@ class StepSpeculator:
         """Yield new token ids step by step until EOS (yielded too), max_new_tokens or the context is full."""
         if prediction:
             raise EvospecError("step-level speculation drafts with the drafter's steps; a prediction cannot join it")
+        if self.trunk is not None and config.sampling.temperature > 0:
+            raise EvospecError("lookahead rounds write the target's steps greedily: sample with lookahead 1")
         self.requests += 1
         start = self.clock()
         sampler = Sampler(config.sampling)
@@ -138,22 +152,109 @@ class StepSpeculator:
         try:
             stats.prompt_tokens += len(prompt_ids)
             while budget > 0 and len(context) < self.target.context_length:
-                room = min(budget, self.config.max_step_tokens, self.target.context_length - len(context))
-                drafted = self._drafter_step(context, room, sampler, stats)
-                written = self._target_step(context, drafted, room, config, stats.num_draft_steps, stats)
-                accepted = self._judge(drafted, written, stats)
-                self._teach(context, drafted, written, accepted, stats)
-                kept = written if self.config.follow_target or not accepted else drafted
-                step = kept.tokens  # at most room tokens, so within the budget
-                if (yield from emit(step, context, stats, self.eos_token_ids)):
-                    return
-                budget -= len(step)
+                if self.trunk is None:
+                    steps = [self._step_round(context, budget, config, sampler, stats)]
+                else:
+                    steps = self._lookahead_round(context, budget, sampler, stats)
+                for step in steps:  # each at most its room, so within the budget
+                    if (yield from emit(step, context, stats, self.eos_token_ids)):
+                        return
+                    budget -= len(step)
         finally:
             learn_start = self.clock()
             for learner in self.learners:
                 learner.end_request()
             stats.learn_s += self.clock() - learn_start
             stats.wall_s += self.clock() - start
+
+    def _room(self, context_tokens: int, budget: int) -> int:
+        """The most tokens the next step may take."""
+        return min(budget, self.config.max_step_tokens, self.target.context_length - context_tokens)
+
+    def _step_round(
+        self, context: list[int], budget: int, config: GenerationConfig, sampler: Sampler, stats: SpecStats
+    ) -> list[int]:
+        """One drafted step and the target's own, judged -> the step kept."""
+        room = self._room(len(context), budget)
+        drafted = self._drafter_step(context, room, sampler, stats)
+        written = self._target_step(context, drafted, room, config, stats.num_draft_steps, stats)
+        accepted = self._judge(drafted, written, stats)
+        self._teach(context, drafted, written, accepted, stats)
+        return (written if self.config.follow_target or not accepted else drafted).tokens
+
+    def _lookahead_round(self, context: list[int], budget: int, sampler: Sampler, stats: SpecStats) -> list[list[int]]:
+        """Up to `lookahead` drafted steps and the target's versions of them, judged in order -> the
+        steps kept: drafted ones while they stand, then the target's version of the first that does
+        not (following the target, only identical steps stand for themselves)."""
+        drafted: list[Step] = []
+        rooms: list[int] = []
+        prefix = list(context)
+        while len(drafted) < self.config.lookahead:
+            room = self._room(len(prefix), budget - (len(prefix) - len(context)))
+            if room <= 0:
+                break
+            step = self._drafter_step(prefix, room, sampler, stats)
+            drafted.append(step)
+            rooms.append(room)
+            prefix += step.tokens
+            if step.ending == "eos":
+                break
+        kept: list[list[int]] = []
+        prefix = list(context)
+        for step, written in zip(drafted, self._target_steps(context, drafted, rooms, stats)):
+            accepted = self._judge(step, written, stats)
+            self._teach(prefix, step, written, accepted, stats)
+            stands = step.tokens == written.tokens or (accepted and not self.config.follow_target)
+            kept.append(step.tokens if stands else written.tokens)
+            if not stands:
+                break
+            prefix += step.tokens
+        stats.num_discarded_steps += len(drafted) - len(kept)
+        return kept
+
+    def _target_steps(self, context: list[int], drafted: list[Step], rooms: list[int], stats: SpecStats) -> list[Step]:
+        """The target's version of each drafted step, from context and the drafted steps before it:
+        one pass over them all, then a fork a step that parts from the target's, decoding together."""
+        start = self.clock()
+        trunk = self.trunk
+        cached = min(common_prefix_length(self.trunk_tokens, context), len(context) - 1)  # a token left to read
+        trunk.trim(cached)
+        draft = [token for step in drafted for token in step.tokens]
+        predicted = trunk.forward(context[cached:] + draft).argmax(dim=-1).tolist()
+        self.trunk_tokens = context + draft
+        stats.num_verifications += 1
+        stats.num_drafts += 1
+        stats.num_draft_tokens += len(draft)
+        written: list[Step | None] = []
+        forks: list[tuple[int, Any, list[int], int]] = []  # (step index, branch, tokens, room)
+        offset = len(context)  # where the step begins in the trunk
+        for index, (step, room) in enumerate(zip(drafted, rooms)):
+            rows = predicted[offset - cached - 1 : offset - cached - 1 + len(step.tokens)]  # the target's choices
+            agreed = next((i for i, (a, b) in enumerate(zip(step.tokens, rows)) if a != b), len(step.tokens))
+            stats.num_accepted_tokens += agreed
+            if agreed == len(step.tokens):
+                written.append(step)
+            else:
+                tokens = step.tokens[:agreed] + [rows[agreed]]
+                ending = self._ending(tokens, room)
+                written.append(None if ending is None else Step(tokens, ending))
+                if ending is None:
+                    forks.append((index, trunk.fork(offset + agreed), tokens, room))
+            offset += len(step.tokens)
+        while forks:
+            chosen = trunk.forward_branches([branch for _, branch, _, _ in forks], [t[-1] for _, _, t, _ in forks])
+            stats.num_verifications += 1
+            going = []
+            for (index, branch, tokens, room), token in zip(forks, chosen.argmax(dim=-1).tolist()):
+                tokens.append(token)
+                if (ending := self._ending(tokens, room)) is None:
+                    going.append((index, branch, tokens, room))
+                else:
+                    written[index] = Step(tokens, ending)
+                    trunk.drop(branch)
+            forks = going
+        stats.target_s += self.clock() - start
+        return written
 
     def _ending(self, tokens: list[int], room: int) -> str | None:
         """How a step of these tokens ends, or None while it goes on."""

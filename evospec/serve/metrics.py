@@ -78,7 +78,10 @@ class Metrics:
             judged = stats.num_accepted_steps - stats.num_identical_steps
             self.steps.labels("identical").inc(stats.num_identical_steps)
             self.steps.labels("judged_aligned").inc(judged)
-            self.steps.labels("rejected").inc(stats.num_draft_steps - stats.num_accepted_steps)
+            self.steps.labels("rejected").inc(
+                stats.num_draft_steps - stats.num_discarded_steps - stats.num_accepted_steps
+            )
+            self.steps.labels("discarded").inc(stats.num_discarded_steps)
             self.judge_seconds.inc(stats.judge_s)
 
 
