@@ -52,6 +52,8 @@ SMOL = "smollm2-135m-instruct"
         (["generate", "hi", "--target", SMOL, "--learner", "dpo"], "add --reasoning-speculation"),
         (["generate", "hi", "--target", SMOL, "--reasoning-speculation", "--max-step-tokens", "0"], "max-step-tokens"),
         (["generate", "hi", "--target", SMOL, "--follow-target"], "add --reasoning-speculation"),
+        (["generate", "hi", "--target", SMOL, "--lookahead", "3"], "add --reasoning-speculation"),
+        (["generate", "hi", "--target", SMOL, "--reasoning-speculation", "--lookahead", "0"], "lookahead is the steps"),
         (["generate", "hi", "--target", SMOL, "--reasoning-speculation", "--similarity", "2"], "cosine"),
         (["serve", "--target", SMOL, "--reasoning-speculation", "--replicas", "2"], "not run with --replicas"),
     ],

@@ -441,3 +441,5 @@ def test_a_step_replay_that_would_leave_the_recorded_answer_is_refused(sharp_tar
     with pytest.raises(EvospecError, match="no recording holds"):
         # (the tiny tokenizer has no chat template to build a working target judge with: its kind is what is refused)
         StepSpeculator(target, drafter, TargetJudge.__new__(TargetJudge), StepConfig(follow_target=True))
+    with pytest.raises(EvospecError, match="cannot branch"):
+        StepSpeculator(target, drafter, FirstWordJudge(), StepConfig(follow_target=True, lookahead=2))

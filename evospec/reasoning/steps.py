@@ -108,8 +108,6 @@ class StepSpeculator:
                 raise EvospecError("a replay of recorded answers judges steps only while following the target")
             if isinstance(judge, TargetJudge):
                 raise EvospecError("the target judge reads the target on a judge prompt, which no recording holds")
-        if config.lookahead > 1 and target.backend.name == "replay":
-            raise EvospecError("a recording cannot write the target's versions of drafted steps: use lookahead 1")
         self.target = target
         self.drafter = drafter
         self.judge = judge
@@ -118,18 +116,23 @@ class StepSpeculator:
         self.tokenizer = target.tokenizer
         self.eos_token_ids = target.eos_token_ids
         self.clock = target.clock  # a replayed target's passes cost its profile's seconds on its own clock
-        # The target writes its steps on a cache of its own, each step's prefill reading only the new step.
-        self.engine = Engine(
-            target.new_lm(),
-            [PredictionDrafter()],
-            target.eos_token_ids,
-            target.context_length,
-            draft_length,
-            clock=target.clock,
-            keep_prefix=True,
-        )
-        # Lookahead rounds write the target's steps on a cache whose forks decode side by side.
-        self.trunk: BranchingLM | None = target.new_lm(branches=config.lookahead) if config.lookahead > 1 else None
+        # The target writes its steps on a cache of its own, each step's prefill reading only the new step:
+        # one step a round by the engine's speculative decoding; lookahead rounds on a cache whose forks
+        # decode side by side (a recording's cache cannot fork: its backend says so).
+        self.engine: Engine | None = None
+        self.trunk: BranchingLM | None = None
+        if config.lookahead == 1:
+            self.engine = Engine(
+                target.new_lm(),
+                [PredictionDrafter()],
+                target.eos_token_ids,
+                target.context_length,
+                draft_length,
+                clock=target.clock,
+                keep_prefix=True,
+            )
+        else:
+            self.trunk = target.new_lm(branches=config.lookahead)
         self.trunk_tokens: list[int] = []  # what the trunk caches
         self.requests = 0
 
