@@ -11,6 +11,8 @@ Methods (names as ../shared/benchmarks.md gives them):
 - evospec: token-level speculation with the drafter (adaptive draft length);
 - reason@judge=J: step-level speculation, the frozen drafter writing steps, judge J (target | embedding);
   reason@judge=J,same_numbers=true: a drafted step stands only if it states the target's step's numbers;
+  reason@judge=J,lookahead=N: Lookahead Reasoning's rounds, N drafted steps whose target versions are
+  written side by side (evospec.reasoning.steps);
 - reason+dpo@judge=J, reason+osd@judge=J: the drafter's adapters learning on line from the judged
   steps, by DPO (Online-LR) or by cross-entropy on the target's steps (OSD-LR). Learning methods and
   `reason-lora` (the same adapted drafter, frozen) run the drafter on the hf backend.
@@ -112,6 +114,10 @@ class CountedLM:
         self.passes[len(token_ids)] += 1
         return self.lm.forward_with_hidden(token_ids, num_logits)
 
+    def forward_branches(self, branches, token_ids):
+        self.passes[len(token_ids)] += 1  # a token a branch: one batched pass of that many tokens
+        return self.lm.forward_branches(branches, token_ids)
+
     def taken(self) -> dict[str, int]:
         """The passes counted since the last call."""
         passes, self.passes = {str(n): count for n, count in sorted(self.passes.items())}, Counter()
@@ -120,11 +126,16 @@ class CountedLM:
 
 def counted_target_lms(runner) -> list[CountedLM]:
     """Every target cache a runner computes on, wrapped to count its passes (the target judge's too)."""
-    owners = [runner] if isinstance(runner, Engine) else [runner.engine]
     counted = []
-    for owner in owners:
-        owner.target = CountedLM(owner.target)
-        counted.append(owner.target)
+    if isinstance(runner, Engine):
+        runner.target = CountedLM(runner.target)
+        counted.append(runner.target)
+    elif runner.engine is not None:  # a step a round
+        runner.engine.target = CountedLM(runner.engine.target)
+        counted.append(runner.engine.target)
+    else:  # lookahead rounds, on a cache that forks
+        runner.trunk = CountedLM(runner.trunk)
+        counted.append(runner.trunk)
     judge = getattr(runner, "judge", None)
     if isinstance(judge, TargetJudge):
         judge.lm = CountedLM(judge.lm)
@@ -146,6 +157,23 @@ def recorded_answers(log: Path, prompt_of, max_new_tokens: int) -> dict[int, Ans
     if not answers:
         raise EvospecError(f"{log} holds no target-alone answers with their token ids to replay")
     return answers
+
+
+def step_method(name: str) -> tuple[str, str, str, bool, int]:
+    """A step-level method's name -> (kind, learner suffix or "", judge, same_numbers, lookahead)."""
+    method, _, options = name.partition("@")
+    settings = dict(option.partition("=")[::2] for option in options.split(",") if option)
+    unknown = set(settings) - {"judge", "same_numbers", "lookahead"}
+    if unknown:
+        raise EvospecError(f"unknown setting(s) {sorted(unknown)} in method {name!r}")
+    try:
+        lookahead = int(settings.get("lookahead", StepConfig.lookahead))
+    except ValueError:
+        raise EvospecError(f"lookahead is a number of steps, got {settings['lookahead']!r} in {name!r}") from None
+    kind, _, learner = method.partition("+")
+    if kind not in ("reason", "reason-lora") or (learner and learner not in LEARNERS):
+        raise EvospecError(f"unknown method {name!r}")
+    return kind, learner, settings.get("judge", "target"), settings.get("same_numbers") == "true", lookahead
 
 
 class Methods:
@@ -175,12 +203,7 @@ class Methods:
             return build_engine(target, [])
         if name == "evospec":
             return build_engine(target, [self.drafter(f"lm:{args.drafter}")], AdaptiveDraftLength(self.cost))
-        method, _, options = name.partition("@")
-        settings = dict(option.split("=", 1) for option in options.split(",") if option)
-        judge, same_numbers = settings.get("judge", "target"), settings.get("same_numbers") == "true"
-        kind, _, learner = method.partition("+")
-        if kind not in ("reason", "reason-lora") or (learner and learner not in LEARNERS):
-            raise EvospecError(f"unknown method {name!r}")
+        kind, learner, judge, same_numbers, lookahead = step_method(name)
         if learner or kind == "reason-lora":  # adapters: a drafter of its own, on the hf backend
             drafter = build_drafter(f"lora:{args.drafter}", target)
         else:
@@ -195,6 +218,7 @@ class Methods:
             similarity=args.similarity,
             max_step_tokens=args.max_step_tokens,
             same_numbers=same_numbers,
+            lookahead=lookahead,
             follow_target=args.replay is not None,
         )
         return StepSpeculator(

@@ -404,3 +404,31 @@ def test_the_gsm8k_benchmark_replays_the_target_answers_a_live_run_recorded(tmp_
     (tmp_path / "answers.jsonl").write_text(json.dumps(rows[2]) + "\n")
     with pytest.raises(EvospecError, match="no target-alone answers"):
         script.recorded_answers(tmp_path / "answers.jsonl", lambda index: [index], 256)
+
+
+def test_the_gsm8k_benchmark_counts_every_pass_of_a_lookahead_round(target, drafter_model):
+    """The GPU projection charges each target pass by its tokens: a lookahead speculator's trunk
+    passes are counted, its forks' batched passes as one pass of a token a branch."""
+    script = load_script("reasoning_gsm8k")
+    config = dataclasses.replace(STEPS, lookahead=3)
+    speculator = StepSpeculator(target, SmallLMDrafter(CachedLM(drafter_model), "lm:tiny"), Never(), config)
+    (counted,) = script.counted_target_lms(speculator)
+    total = SpecStats()
+    for prompt in random_prompts(3, seed=6):
+        total.merge(generate(speculator, prompt)[1])
+    passes = counted.taken()
+    assert sum(passes.values()) == total.num_verifications
+    assert any(1 < int(size) <= 3 for size in passes)  # forks decoding side by side
+    assert counted.taken() == {}
+
+
+def test_the_gsm8k_benchmark_reads_its_method_names():
+    script = load_script("reasoning_gsm8k")
+    assert script.step_method("reason+dpo@judge=embedding,lookahead=3") == ("reason", "dpo", "embedding", False, 3)
+    assert script.step_method("reason@same_numbers=true") == ("reason", "", "target", True, 1)
+    with pytest.raises(EvospecError, match="unknown setting"):
+        script.step_method("reason@judge=embedding,look_ahead=3")
+    with pytest.raises(EvospecError, match="lookahead is a number of steps"):
+        script.step_method("reason@lookahead=three")
+    with pytest.raises(EvospecError, match="unknown method"):
+        script.step_method("reason+sgd@judge=embedding")
