@@ -115,7 +115,7 @@ class CountedLM:
         return self.lm.forward_with_hidden(token_ids, num_logits)
 
     def forward_branches(self, branches, token_ids):
-        self.passes[len(token_ids)] += 1  # a token a branch: one batched pass of that many tokens
+        self.passes[sum(map(len, token_ids))] += 1  # the branches side by side: one pass of all their tokens
         return self.lm.forward_branches(branches, token_ids)
 
     def taken(self) -> dict[str, int]:

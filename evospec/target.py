@@ -88,8 +88,12 @@ class BranchingLM(LanguageModel, Protocol):
     def fork(self, length: int) -> Any:
         """A branch holding the first `length` (>= 1) cached tokens."""
 
-    def forward_branches(self, branches: Sequence[Any], token_ids: Sequence[int]) -> torch.Tensor:
-        """Append token_ids[i] to branches[i] -> logits [len(branches), V], valid until the next forward."""
+    def forward_branches(self, branches: Sequence[Any], token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Append token_ids[i] (one or more tokens) to branches[i], side by side -> logits
+        [len(token_ids[i]), V] a branch, valid until the next forward."""
+
+    def trim_branch(self, branch: Any, length: int) -> None:
+        """Keep a branch's first `length` tokens."""
 
     def drop(self, branch: Any) -> None:
         """Forget a branch."""

@@ -254,19 +254,27 @@ def test_a_collection_keeps_each_positions_own_hidden_state(smollm, tmp_path):
 
 
 def test_forks_of_a_llamacpp_cache_decode_side_by_side_as_each_would_alone(smollm):
-    """Sequences of one context: a fork shares its prefix's cells, and forks decode in one call as
-    each would on a context of its own (llama.cpp rounds a batch differently: close, same argmax)."""
+    """Sequences of one context: a fork shares its prefix's cells, and forks decode several tokens
+    each in one call as each would on a context of its own (llama.cpp rounds a batch differently:
+    close, same argmax); a trimmed fork goes on from what it kept."""
     prompt = smollm.tokenizer.encode(PROMPTS[0])
     trunk = smollm.new_lm(branches=2)
     trunk.forward(prompt)
-    lengths, tokens = [len(prompt), len(prompt) - 3], [prompt[-1], prompt[-4]]
+    lengths, fed = [len(prompt), len(prompt) - 3], [[prompt[-1], prompt[-2], prompt[-3]], [prompt[-4]]]
     forks = [trunk.fork(length) for length in lengths]
-    together = trunk.forward_branches(forks, tokens).clone()
-    for length, token, logits in zip(lengths, tokens, together):
+    together = [logits.clone() for logits in trunk.forward_branches(forks, fed)]
+    for length, tokens, logits in zip(lengths, fed, together):
         alone = smollm.new_lm()
         alone.forward(prompt[:length])
-        expected = alone.forward([token])[0]
-        assert logits.argmax() == expected.argmax() and torch.allclose(logits, expected, atol=0.5)
+        expected = alone.forward(tokens)
+        assert logits.shape == expected.shape
+        assert torch.equal(logits.argmax(-1), expected.argmax(-1)) and torch.allclose(logits, expected, atol=0.5)
+    trunk.trim_branch(forks[0], len(prompt) + 1)  # keep the first token fed
+    (again,) = trunk.forward_branches(forks[:1], [[prompt[-5]]])
+    alone = smollm.new_lm()
+    alone.forward(prompt + [prompt[-1]])
+    expected = alone.forward([prompt[-5]])[0]
+    assert again[0].argmax() == expected.argmax() and torch.allclose(again[0], expected, atol=0.5)
     for fork in forks:
         trunk.drop(fork)
     with pytest.raises(EvospecError, match="every branch"):

@@ -178,21 +178,48 @@ def test_a_lookahead_round_verifies_every_drafted_step_in_one_pass(target):
 
 
 def test_forks_of_a_cache_decode_as_the_cache_would(target):
-    """A fork holds its prefix, goes on apart from the cache it came from, and decodes side by side
-    with other forks as each would alone."""
+    """A fork holds its prefix, goes on apart from the cache it came from, and decodes tokens side by
+    side with other forks as each would alone; a trimmed fork goes on from what it kept."""
     prompt = random_prompts(1, seed=8)[0]
     trunk = target.new_lm(branches=2)
     trunk.forward(prompt)
-    forks = [trunk.fork(len(prompt)), trunk.fork(len(prompt) - 2)]
-    tokens = [prompt[-1] + 1, prompt[-3]]
-    together = trunk.forward_branches(forks, tokens).clone()
-    for length, token, logits in zip([len(prompt), len(prompt) - 2], tokens, together):
+    lengths = [len(prompt), len(prompt) - 2]
+    forks = [trunk.fork(length) for length in lengths]
+    fed = [[prompt[-1] + 1, prompt[0], prompt[1]], [prompt[-3]]]
+    together = [logits.clone() for logits in trunk.forward_branches(forks, fed)]
+    for length, tokens, logits in zip(lengths, fed, together):
         alone = CachedLM(target.model)
         alone.forward(prompt[:length])
-        torch.testing.assert_close(logits, alone.forward([token])[0])
+        torch.testing.assert_close(logits, alone.forward(tokens))
     assert trunk.length == len(prompt)
+    trunk.trim_branch(forks[0], len(prompt) + 1)
+    (again,) = trunk.forward_branches(forks[:1], [[prompt[2]]])
+    alone = CachedLM(target.model)
+    alone.forward(prompt + [prompt[-1] + 1])
+    torch.testing.assert_close(again, alone.forward([prompt[2]]))
     for fork in forks:
         trunk.drop(fork)
+
+
+def test_a_fork_verifies_what_its_drafted_step_says_next_and_stays_lossless(target):
+    """Where a drafted step parts from the target's, its fork drafts the step's own later tokens
+    (a prediction) and verifies them in the side-by-side passes; the output is still plain decoding's."""
+    drafter_model = tiny_model(seed=1, noise=0.1, base=target.model)
+    config = dataclasses.replace(STEPS, lookahead=3, max_step_tokens=12)
+    speculator = StepSpeculator(target, SmallLMDrafter(CachedLM(drafter_model), "lm:tiny"), Never(), config)
+    fed: list[list[int]] = []
+    forward_branches = speculator.trunk.forward_branches
+
+    def counted(branches, token_ids):
+        fed.append([len(tokens) for tokens in token_ids])
+        return forward_branches(branches, token_ids)
+
+    speculator.trunk.forward_branches = counted
+    eos = sorted(target.eos_token_ids)
+    for prompt in random_prompts(4, seed=3):
+        tokens, _ = generate(speculator, prompt)
+        assert tokens == reference_greedy(target.model, prompt, MAX_NEW, eos_token_id=eos)
+    assert fed and any(size > 1 for sizes in fed for size in sizes)
 
 
 def test_lookahead_rounds_are_greedy(target, drafter_model):

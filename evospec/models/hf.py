@@ -101,10 +101,14 @@ class CachedLM:
         branch.trim(length)
         return branch
 
-    def forward_branches(self, branches: Sequence[CachedLM], token_ids: Sequence[int]) -> torch.Tensor:
-        """Append token_ids[i] to branches[i] -> logits [len(branches), V], one forward a branch (the
-        branches' lengths differ, which one padded batch would have to mask)."""
-        return torch.cat([branch.forward([token]) for branch, token in zip(branches, token_ids, strict=True)])
+    def forward_branches(self, branches: Sequence[CachedLM], token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Append token_ids[i] to branches[i] -> logits [len(token_ids[i]), V] a branch, one forward a
+        branch (the branches' lengths differ, which one padded batch would have to mask)."""
+        return [branch.forward(list(tokens)) for branch, tokens in zip(branches, token_ids, strict=True)]
+
+    def trim_branch(self, branch: CachedLM, length: int) -> None:
+        """Keep a branch's first `length` tokens."""
+        branch.trim(length)
 
     def drop(self, branch: CachedLM) -> None:
         """Forget a branch (its cache is freed with it)."""

@@ -247,23 +247,35 @@ class LlamaCppLM:
         self._lib.llama_memory_seq_cp(self._memory, SEQUENCE, branch.sequence, 0, length)
         return branch
 
-    def forward_branches(self, branches: Sequence[Branch], token_ids: Sequence[int]) -> torch.Tensor:
-        """Append token_ids[i] to branches[i], all in one call -> logits [len(branches), V], a view
-        of llama.cpp's output buffer (use it before the next forward)."""
+    def forward_branches(self, branches: Sequence[Branch], token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Append token_ids[i] to branches[i], all in one call -> logits [len(token_ids[i]), V] a
+        branch, views of llama.cpp's output buffer (use them before the next forward)."""
+        sizes = [len(tokens) for tokens in token_ids]
+        if sum(sizes) > self.model.config.batch_size:
+            raise EvospecError(f"{sum(sizes)} branch tokens do not fit one call of {self.model.config.batch_size}")
         batch = self._batch
-        batch.n_tokens = len(branches)
-        for i, (branch, token) in enumerate(zip(branches, token_ids, strict=True)):
-            batch.token[i] = token
-            batch.pos[i] = branch.length
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = branch.sequence
-            batch.logits[i] = True
-            branch.length += 1
+        batch.n_tokens = sum(sizes)
+        i = 0
+        for branch, tokens in zip(branches, token_ids, strict=True):
+            for token in tokens:
+                batch.token[i] = token
+                batch.pos[i] = branch.length
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = branch.sequence
+                batch.logits[i] = True
+                branch.length += 1
+                i += 1
         status = self._lib.llama_decode(self.handle, batch)
         if status != 0:
             raise EvospecError(f"llama_decode of {len(branches)} branches failed with status {status}")
-        self._last_call_tokens = len(branches)
-        return self._outputs(len(branches), hidden=False)[0]
+        self._last_call_tokens = i
+        return list(self._outputs(i, hidden=False)[0].split(sizes))
+
+    def trim_branch(self, branch: Branch, length: int) -> None:
+        """Keep a branch's first `length` tokens."""
+        if length < branch.length:
+            self._lib.llama_memory_seq_rm(self._memory, branch.sequence, length, -1)
+            branch.length = length
 
     def drop(self, branch: Branch) -> None:
         """Forget a branch; its sequence serves the next fork."""

@@ -13,7 +13,8 @@ With lookahead above 1, a round is Lookahead Reasoning's: the drafter writes sev
 after another, and the target writes its versions of all of them side by side, each from the prefix
 the drafted steps before it make. One target pass over every drafted step verifies each step's
 tokens; where a step parts from the target's, a fork of the target's cache goes on from there, and
-the forks decode together (one llama.cpp call over several sequences). The steps are judged in order:
+the forks decode together (one llama.cpp call over several sequences), each verifying the drafted
+step's later tokens where the target's version finds them again. The steps are judged in order:
 the round keeps drafted steps while they stand and ends with the target's version of the first that
 does not (its later steps came from a prefix no longer kept).
 """
@@ -29,9 +30,9 @@ from typing import Any, Protocol
 import torch
 
 from evospec.config import GenerationConfig, StepConfig
-from evospec.draft_length import AdaptiveDraftLength, DraftLength
-from evospec.drafters.base import common_prefix_length
-from evospec.drafters.prediction import PredictionDrafter
+from evospec.draft_length import AdaptiveDraftLength, DraftLength, FixedDraftLength
+from evospec.drafters.base import common_prefix_length, empty_draft
+from evospec.drafters.prediction import PREDICTION, PredictionDrafter
 from evospec.drafters.small_lm import SmallLMDrafter
 from evospec.engine import Engine, emit
 from evospec.errors import EvospecError
@@ -41,7 +42,7 @@ from evospec.reasoning.judges import Judge, TargetJudge, build_judge
 from evospec.sampling import Sampler
 from evospec.stats import SpecStats
 from evospec.target import BranchingLM
-from evospec.types import JudgedStep
+from evospec.types import Attempt, JudgedStep, Verdict
 
 
 class StepLearner(Protocol):
@@ -74,6 +75,19 @@ def build_step_speculator(target: LoadedModel, engine: Engine, config: StepConfi
     adaptive = isinstance(engine.draft_length, AdaptiveDraftLength)
     draft_length = AdaptiveDraftLength(engine.draft_length.cost) if adaptive else None
     return StepSpeculator(target, writers[0], judge, config, learners, draft_length)
+
+
+@dataclass
+class Fork:
+    """The target's version of a drafted step from where it parts from the step: on a branch of the
+    trunk holding `cached` tokens, with tokens so far (the last not yet read), drafting by the step."""
+
+    index: int  # the step's place in its round
+    branch: Any
+    cached: int
+    tokens: list[int]
+    room: int
+    prediction: PredictionDrafter
 
 
 @dataclass(frozen=True)
@@ -133,6 +147,7 @@ class StepSpeculator:
             )
         else:
             self.trunk = target.new_lm(branches=config.lookahead)
+        self.draft_length = draft_length or FixedDraftLength()  # how much of a drafted step a fork verifies
         self.trunk_tokens: list[int] = []  # what the trunk caches
         self.requests = 0
 
@@ -158,7 +173,7 @@ class StepSpeculator:
                 if self.trunk is None:
                     steps = [self._step_round(context, budget, config, sampler, stats)]
                 else:
-                    steps = self._lookahead_round(context, budget, sampler, stats)
+                    steps = self._lookahead_round(context, budget, config.num_speculative_tokens, sampler, stats)
                 for step in steps:  # each at most its room, so within the budget
                     if (yield from emit(step, context, stats, self.eos_token_ids)):
                         return
@@ -185,7 +200,9 @@ class StepSpeculator:
         self._teach(context, drafted, written, accepted, stats)
         return (written if self.config.follow_target or not accepted else drafted).tokens
 
-    def _lookahead_round(self, context: list[int], budget: int, sampler: Sampler, stats: SpecStats) -> list[list[int]]:
+    def _lookahead_round(
+        self, context: list[int], budget: int, k: int, sampler: Sampler, stats: SpecStats
+    ) -> list[list[int]]:
         """Up to `lookahead` drafted steps and the target's versions of them, judged in order -> the
         steps kept: drafted ones while they stand, then the target's version of the first that does
         not (following the target, only identical steps stand for themselves)."""
@@ -204,7 +221,7 @@ class StepSpeculator:
                 break
         kept: list[list[int]] = []
         prefix = list(context)
-        for step, written in zip(drafted, self._target_steps(context, drafted, rooms, stats)):
+        for step, written in zip(drafted, self._target_steps(context, drafted, rooms, k, sampler, stats)):
             accepted = self._judge(step, written, stats)
             self._teach(prefix, step, written, accepted, stats)
             stands = step.tokens == written.tokens or (accepted and not self.config.follow_target)
@@ -215,7 +232,9 @@ class StepSpeculator:
         stats.num_discarded_steps += len(drafted) - len(kept)
         return kept
 
-    def _target_steps(self, context: list[int], drafted: list[Step], rooms: list[int], stats: SpecStats) -> list[Step]:
+    def _target_steps(
+        self, context: list[int], drafted: list[Step], rooms: list[int], k: int, sampler: Sampler, stats: SpecStats
+    ) -> list[Step]:
         """The target's version of each drafted step, from context and the drafted steps before it:
         one pass over them all, then a fork a step that parts from the target's, decoding together."""
         start = self.clock()
@@ -229,7 +248,7 @@ class StepSpeculator:
         stats.num_drafts += 1
         stats.num_draft_tokens += len(draft)
         written: list[Step | None] = []
-        forks: list[tuple[int, Any, list[int], int]] = []  # (step index, branch, tokens, room)
+        forks: list[Fork] = []
         offset = len(context)  # where the step begins in the trunk
         for index, (step, room) in enumerate(zip(drafted, rooms)):
             rows = predicted[offset - cached - 1 : offset - cached - 1 + len(step.tokens)]  # the target's choices
@@ -242,22 +261,51 @@ class StepSpeculator:
                 ending = self._ending(tokens, room)
                 written.append(None if ending is None else Step(tokens, ending))
                 if ending is None:
-                    forks.append((index, trunk.fork(offset + agreed), tokens, room))
+                    prediction = PredictionDrafter()
+                    prediction.begin([], step.tokens)
+                    forks.append(Fork(index, trunk.fork(offset + agreed), offset + agreed, tokens, room, prediction))
             offset += len(step.tokens)
         while forks:
-            chosen = trunk.forward_branches([branch for _, branch, _, _ in forks], [t[-1] for _, _, t, _ in forks])
-            stats.num_verifications += 1
-            going = []
-            for (index, branch, tokens, room), token in zip(forks, chosen.argmax(dim=-1).tolist()):
-                tokens.append(token)
-                if (ending := self._ending(tokens, room)) is None:
-                    going.append((index, branch, tokens, room))
-                else:
-                    written[index] = Step(tokens, ending)
-                    trunk.drop(branch)
-            forks = going
+            forks = self._fork_round(forks, written, k, sampler, stats)
         stats.target_s += self.clock() - start
         return written
+
+    def _fork_round(
+        self, forks: list[Fork], written: list[Step | None], k: int, sampler: Sampler, stats: SpecStats
+    ) -> list[Fork]:
+        """One pass of every fork side by side, each verifying up to k tokens of what its drafted step
+        says next (a prediction drafter finds its place in the step again after the fork parted from
+        it) -> the forks going on; a fork whose step ends writes it into written and is dropped."""
+        trunk = self.trunk
+        attempts = []
+        for fork in forks:
+            asked = self.draft_length.budget(PREDICTION, min(k, fork.room - len(fork.tokens)), True)
+            proposed = fork.prediction.propose(fork.tokens, asked, sampler) if asked > 0 else empty_draft()
+            kept = proposed.truncated(self.draft_length.keep(PREDICTION, proposed))
+            attempts.append(Attempt(PREDICTION, kept, proposed, asked, draft_s=0.0))
+        drafts = [attempt.draft.tokens.tolist() for attempt in attempts]
+        fed = [[fork.tokens[-1], *draft] for fork, draft in zip(forks, drafts)]
+        logits = trunk.forward_branches([fork.branch for fork in forks], fed)
+        stats.num_verifications += 1
+        going = []
+        for fork, attempt, draft, rows in zip(forks, attempts, drafts, logits):
+            chosen = rows.argmax(dim=-1).tolist()
+            accepted = common_prefix_length(draft, chosen)
+            emitted = draft[:accepted] + [chosen[accepted]]
+            stats.num_draft_tokens += len(draft)
+            stats.num_accepted_tokens += accepted
+            fork.cached += 1 + accepted  # the token fed last and the accepted draft; the rest is dropped
+            trunk.trim_branch(fork.branch, fork.cached)
+            self.draft_length.observe(attempt, Verdict(accepted, emitted))
+            for token in emitted:
+                fork.tokens.append(token)
+                if (ending := self._ending(fork.tokens, fork.room)) is not None:
+                    written[fork.index] = Step(fork.tokens, ending)
+                    trunk.drop(fork.branch)
+                    break
+            else:
+                going.append(fork)
+        return going
 
     def _ending(self, tokens: list[int], room: int) -> str | None:
         """How a step of these tokens ends, or None while it goes on."""
