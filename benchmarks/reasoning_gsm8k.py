@@ -338,19 +338,34 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    scored = any(entry["accuracy"] is not None for entry in results["methods"].values())
-    figure, axes = plt.subplots(1, 2 if scored else 1, figsize=(11 if scored else 6, 4.2), squeeze=False)
-    panels = dict(zip(("accuracy", "step_acceptance")[not scored :], axes[0]))
+    methods = results["methods"]
+    scored = any(entry["accuracy"] is not None for entry in methods.values())
+    timed = "target-alone" in methods  # speeds are drawn against the target alone's
+    keys = ("accuracy", "step_acceptance")[not scored :]
+    figure, axes = plt.subplots(1, len(keys) + timed, figsize=(5.5 * (len(keys) + timed), 4.2), squeeze=False)
+    panels = dict(zip(keys, axes[0]))
     titles = {"accuracy": "final-answer accuracy", "step_acceptance": "step acceptance (kept / drafted steps)"}
-    for name, entry in results["methods"].items():
+    for name, entry in methods.items():
         for key, axis in panels.items():
             if entry[key] is not None:
                 axis.plot([block[key] for block in entry["per_block"]], marker="o", label=name)
-    labels = [block["block"] for block in next(iter(results["methods"].values()))["per_block"]]
+    labels = [block["block"] for block in next(iter(methods.values()))["per_block"]]
     for key, axis in panels.items():
         axis.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
         axis.set_title(titles[key])
         axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+    if timed:
+        axis, width = axes[0][-1], 0.4
+        names = list(methods)
+        live = [methods[name]["speedup_vs_plain"] for name in names]
+        projected = [(methods[name].get("projected_speedup_vs_plain") or {}).get(GPU_PROFILE, 0.0) for name in names]
+        positions = range(len(names))
+        axis.bar([x - width / 2 for x in positions], live, width, label="live, this CPU")
+        axis.bar([x + width / 2 for x in positions], projected, width, label=f"projected, {GPU_PROFILE}")
+        axis.axhline(1.0, color="grey", linewidth=0.8)
+        axis.set_xticks(list(positions), [name.replace(",", ",\n") for name in names], fontsize=6)
+        axis.set_title("tokens/s vs the target alone")
         axis.legend(fontsize=7)
     figure.suptitle(f"{results['target']} with {results['drafter']}: GSM8K {results['split']}, per block of questions")
     figure.tight_layout()
