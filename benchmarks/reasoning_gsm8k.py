@@ -170,10 +170,13 @@ def step_method(name: str) -> tuple[str, str, str, bool, int]:
         lookahead = int(settings.get("lookahead", StepConfig.lookahead))
     except ValueError:
         raise EvospecError(f"lookahead is a number of steps, got {settings['lookahead']!r} in {name!r}") from None
+    same_numbers = settings.get("same_numbers", "false")
+    if same_numbers not in ("true", "false"):
+        raise EvospecError(f"same_numbers is true or false, got {same_numbers!r} in {name!r}")
     kind, _, learner = method.partition("+")
     if kind not in ("reason", "reason-lora") or (learner and learner not in LEARNERS):
         raise EvospecError(f"unknown method {name!r}")
-    return kind, learner, settings.get("judge", "target"), settings.get("same_numbers") == "true", lookahead
+    return kind, learner, settings.get("judge", "target"), same_numbers == "true", lookahead
 
 
 class Methods:

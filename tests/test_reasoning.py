@@ -435,7 +435,7 @@ def test_the_gsm8k_benchmark_replays_the_target_answers_a_live_run_recorded(tmp_
 
 def test_the_gsm8k_benchmark_counts_every_pass_of_a_lookahead_round(target, drafter_model):
     """The GPU projection charges each target pass by its tokens: a lookahead speculator's trunk
-    passes are counted, its forks' batched passes as one pass of a token a branch."""
+    passes are counted, its forks' side-by-side passes as one pass of all the tokens they feed."""
     script = load_script("reasoning_gsm8k")
     config = dataclasses.replace(STEPS, lookahead=3)
     speculator = StepSpeculator(target, SmallLMDrafter(CachedLM(drafter_model), "lm:tiny"), Never(), config)
@@ -457,5 +457,7 @@ def test_the_gsm8k_benchmark_reads_its_method_names():
         script.step_method("reason@judge=embedding,look_ahead=3")
     with pytest.raises(EvospecError, match="lookahead is a number of steps"):
         script.step_method("reason@lookahead=three")
+    with pytest.raises(EvospecError, match="same_numbers is true or false"):
+        script.step_method("reason@same_numbers=yes")
     with pytest.raises(EvospecError, match="unknown method"):
         script.step_method("reason+sgd@judge=embedding")

@@ -31,7 +31,7 @@ import torch
 
 from evospec.config import GenerationConfig, StepConfig
 from evospec.draft_length import AdaptiveDraftLength, DraftLength, FixedDraftLength
-from evospec.drafters.base import common_prefix_length, empty_draft
+from evospec.drafters.base import common_prefix_length
 from evospec.drafters.prediction import PREDICTION, PredictionDrafter
 from evospec.drafters.small_lm import SmallLMDrafter
 from evospec.engine import Engine, emit
@@ -280,7 +280,7 @@ class StepSpeculator:
         attempts = []
         for fork in forks:
             asked = self.draft_length.budget(PREDICTION, min(k, fork.room - len(fork.tokens)), True)
-            proposed = fork.prediction.propose(fork.tokens, asked, sampler) if asked > 0 else empty_draft()
+            proposed = fork.prediction.propose(fork.tokens, asked, sampler)  # empty when asked is 0
             kept = proposed.truncated(self.draft_length.keep(PREDICTION, proposed))
             attempts.append(Attempt(PREDICTION, kept, proposed, asked, draft_s=0.0))
         drafts = [attempt.draft.tokens.tolist() for attempt in attempts]
