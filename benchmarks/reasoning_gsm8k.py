@@ -12,7 +12,8 @@ Methods (names as ../shared/benchmarks.md gives them):
 - reason@judge=J: step-level speculation, the frozen drafter writing steps, judge J (target | embedding);
   reason@judge=J,same_numbers=true: a drafted step stands only if it states the target's step's numbers;
   reason@judge=J,lookahead=N: Lookahead Reasoning's rounds, N drafted steps whose target versions are
-  written side by side (evospec.reasoning.steps);
+  written side by side (evospec.reasoning.steps); after '@', any int, float, str or bool field of
+  StepConfig (bools as true or false), over --similarity and --max-step-tokens;
 - reason+dpo@judge=J, reason+osd@judge=J: the drafter's adapters learning on line from the judged
   steps, by DPO (Online-LR) or by cross-entropy on the target's steps (OSD-LR). Learning methods and
   `reason-lora` (the same adapted drafter, frozen) run the drafter on the hf backend.
@@ -48,7 +49,7 @@ from tqdm.auto import tqdm
 
 from evospec.bench.report import aggregate
 from evospec.bench.traces import SHIPPED, dataset_prompts
-from evospec.config import GenerationConfig, LoadConfig
+from evospec.config import GenerationConfig, LoadConfig, method_settings
 from evospec.cost import MEASURED, cost_profile, cost_profiles, cost_under, profile_cost, profile_source
 from evospec.draft_length import AdaptiveDraftLength
 from evospec.drafters.registry import build_drafter
@@ -159,24 +160,14 @@ def recorded_answers(log: Path, prompt_of, max_new_tokens: int) -> dict[int, Ans
     return answers
 
 
-def step_method(name: str) -> tuple[str, str, str, bool, int]:
-    """A step-level method's name -> (kind, learner suffix or "", judge, same_numbers, lookahead)."""
-    method, _, options = name.partition("@")
-    settings = dict(option.partition("=")[::2] for option in options.split(",") if option)
-    unknown = set(settings) - {"judge", "same_numbers", "lookahead"}
-    if unknown:
-        raise EvospecError(f"unknown setting(s) {sorted(unknown)} in method {name!r}")
-    try:
-        lookahead = int(settings.get("lookahead", StepConfig.lookahead))
-    except ValueError:
-        raise EvospecError(f"lookahead is a number of steps, got {settings['lookahead']!r} in {name!r}") from None
-    same_numbers = settings.get("same_numbers", "false")
-    if same_numbers not in ("true", "false"):
-        raise EvospecError(f"same_numbers is true or false, got {same_numbers!r} in {name!r}")
+def step_method(name: str, steps: StepConfig) -> tuple[str, str, StepConfig]:
+    """A step-level method's name, e.g. reason+dpo@judge=embedding,lookahead=3 -> (kind, learner or "",
+    `steps` with the StepConfig fields the name sets)."""
+    method, steps = method_settings(name, steps)
     kind, _, learner = method.partition("+")
     if kind not in ("reason", "reason-lora") or (learner and learner not in LEARNERS):
         raise EvospecError(f"unknown method {name!r}")
-    return kind, learner, settings.get("judge", "target"), same_numbers == "true", lookahead
+    return kind, learner, steps
 
 
 class Methods:
@@ -206,7 +197,10 @@ class Methods:
             return build_engine(target, [])
         if name == "evospec":
             return build_engine(target, [self.drafter(f"lm:{args.drafter}")], AdaptiveDraftLength(self.cost))
-        kind, learner, judge, same_numbers, lookahead = step_method(name)
+        base = StepConfig(
+            similarity=args.similarity, max_step_tokens=args.max_step_tokens, follow_target=args.replay is not None
+        )
+        kind, learner, steps = step_method(name, base)
         if learner or kind == "reason-lora":  # adapters: a drafter of its own, on the hf backend
             drafter = build_drafter(f"lora:{args.drafter}", target)
         else:
@@ -216,18 +210,10 @@ class Methods:
             config = LearnerConfig(lr=args.lr, every=args.learn_every, epochs=args.learn_epochs)
             learners = [build_learner(LEARNERS[learner], drafter, config)]
             self.learners[name] = learners[0]
-        steps = StepConfig(
-            judge=judge,
-            similarity=args.similarity,
-            max_step_tokens=args.max_step_tokens,
-            same_numbers=same_numbers,
-            lookahead=lookahead,
-            follow_target=args.replay is not None,
-        )
         return StepSpeculator(
             target,
             drafter,
-            build_judge(judge, target, args.similarity),
+            build_judge(steps.judge, target, steps.similarity),
             steps,
             learners,
             AdaptiveDraftLength(self.cost),

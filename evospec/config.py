@@ -4,10 +4,40 @@ training, step-level speculation); each default is defined once. A part's own se
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from evospec.errors import EvospecError
+
+Config = TypeVar("Config")
+
+# How a setting's text becomes a value, by the field's annotation; a bool is spelled true or false.
+_SETTING_PARSERS = {"int": int, "float": float, "str": str, "bool": {"true": True, "false": False}.__getitem__}
+
+
+def method_settings(method: str, config: Config) -> tuple[str, Config]:
+    """'NAME@field=value,...' -> (NAME, `config` with those fields replaced), for any frozen config
+    dataclass whose int, float, str or bool fields a method name may set, e.g.
+    evospec:eagle+ogd@schedule=chunk,every=40 over a LearnerConfig; a name without '@' keeps `config`."""
+    name, _, fields = method.partition("@")
+    if not fields:
+        return name, config
+    kinds = {item.name: str(item.type).removesuffix(" | None") for item in dataclasses.fields(config)}
+    settable = {key: kind for key, kind in kinds.items() if kind in _SETTING_PARSERS}
+    values = {}
+    for item in fields.split(","):
+        key, _, value = item.partition("=")
+        if key not in settable:
+            kind = type(config).__name__
+            raise EvospecError(f"{method}: {kind} has no setting {key!r}; settable: {', '.join(settable)}")
+        try:
+            values[key] = _SETTING_PARSERS[settable[key]](value)
+        except (KeyError, ValueError) as error:
+            spelled = "bool (true or false)" if settable[key] == "bool" else settable[key]
+            raise EvospecError(f"{method}: {key}={value!r} is not a {spelled}") from error
+    return name, dataclasses.replace(config, **values)
 
 
 @dataclass(frozen=True)

@@ -451,13 +451,18 @@ def test_the_gsm8k_benchmark_counts_every_pass_of_a_lookahead_round(target, draf
 
 def test_the_gsm8k_benchmark_reads_its_method_names():
     script = load_script("reasoning_gsm8k")
-    assert script.step_method("reason+dpo@judge=embedding,lookahead=3") == ("reason", "dpo", "embedding", False, 3)
-    assert script.step_method("reason@same_numbers=true") == ("reason", "", "target", True, 1)
-    with pytest.raises(EvospecError, match="unknown setting"):
-        script.step_method("reason@judge=embedding,look_ahead=3")
-    with pytest.raises(EvospecError, match="lookahead is a number of steps"):
-        script.step_method("reason@lookahead=three")
-    with pytest.raises(EvospecError, match="same_numbers is true or false"):
-        script.step_method("reason@same_numbers=yes")
+    base = StepConfig(similarity=0.9)
+    kind, learner, steps = script.step_method("reason+dpo@judge=embedding,lookahead=3", base)
+    assert (kind, learner, steps) == ("reason", "dpo", dataclasses.replace(base, judge="embedding", lookahead=3))
+    assert script.step_method("reason@same_numbers=true", base)[2].same_numbers
+    assert script.step_method("reason", base) == ("reason", "", base)
+    with pytest.raises(EvospecError, match="StepConfig has no setting 'look_ahead'; settable: delimiter"):
+        script.step_method("reason@judge=embedding,look_ahead=3", base)
+    with pytest.raises(EvospecError, match="lookahead='three' is not a int"):
+        script.step_method("reason@lookahead=three", base)
+    with pytest.raises(EvospecError, match=r"same_numbers='yes' is not a bool \(true or false\)"):
+        script.step_method("reason@same_numbers=yes", base)
+    with pytest.raises(EvospecError, match="lookahead is the steps drafted a round"):
+        script.step_method("reason@lookahead=0", base)
     with pytest.raises(EvospecError, match="unknown method"):
-        script.step_method("reason+sgd@judge=embedding")
+        script.step_method("reason+sgd@judge=embedding", base)

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from evospec.bench.replay import learner_settings, projected_speed, recorded_cost
+from evospec.bench.replay import projected_speed, recorded_cost
 from evospec.bench.traces import collect_traces, load_traces
-from evospec.config import GenerationConfig, StepConfig
+from evospec.config import GenerationConfig, StepConfig, method_settings
 from evospec.cost import ForwardCost, profile_cost
 from evospec.draft_length import AdaptiveDraftLength
 from evospec.drafters import NgramDrafter, SmallLMDrafter, SuffixDrafter
@@ -295,9 +295,10 @@ def test_replay_command_writes_the_benchmark_shape(sharp_model_dir, tmp_path, ca
 
 
 def test_a_method_name_sets_learner_fields_optional_ones_included():
-    name, learning = learner_settings("evospec:eagle+adamw@lr=3e-4,epochs=2,prompt_rows=0", LearnerConfig())
+    name, learning = method_settings("evospec:eagle+adamw@lr=3e-4,epochs=2,prompt_rows=0", LearnerConfig())
     assert name == "evospec:eagle+adamw"
     assert (learning.lr, learning.epochs, learning.prompt_rows) == (3e-4, 2, 0)
+    assert method_settings("evospec:eagle+ensemble@restart_each_chunk=true", learning)[1].restart_each_chunk
 
 
 @pytest.mark.parametrize(
@@ -309,6 +310,7 @@ def test_a_method_name_sets_learner_fields_optional_ones_included():
         (["--method", "llamacpp-plain"], "unknown bench method"),
         (["--method", "evospec:ngram@every=often"], "is not a int"),
         (["--method", "evospec:ngram@rate=2"], "LearnerConfig has no setting 'rate'"),
+        (["--method", "evospec:ngram@restart_each_chunk=yes"], "is not a bool (true or false)"),
         (["--method", "evospec:ngram@ensemble_base=sgd"], "ensemble base is one of ogd, adamw, got 'sgd'"),
         (["--block-size", "0"], "--block-size must be >= 1"),
         (["--live", "--profile", "h100-bf16-roofline"], "--live takes no --profile"),

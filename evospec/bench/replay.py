@@ -12,7 +12,6 @@ on the real target over the same prompts, timed for real: the check of a replay'
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from tqdm.auto import tqdm
 from evospec.bench.methods import EvospecMethod, build_methods
 from evospec.bench.report import plot_blocks, plot_selection, single_drafters, summarize, write_report
 from evospec.bench.traces import TraceSet, load_traces
-from evospec.config import DTYPES, GenerationConfig, LoadConfig
+from evospec.config import DTYPES, GenerationConfig, LoadConfig, method_settings
 from evospec.cost import MEASURED, ForwardCost, cost_profiles, cost_under, profile_source
 from evospec.errors import EvospecError
 from evospec.learning import LearnerConfig
@@ -106,7 +105,7 @@ def run_replay(settings: ReplaySettings) -> dict:
     draft_model = load_model(settings.draft_model, target.backend.name, load) if settings.draft_model else None
     engines = {}
     for name in settings.methods:  # NAME@field=value,...: the method with its own learner settings
-        base, learning = learner_settings(name, settings.learning)
+        base, learning = method_settings(name, settings.learning)
         (method,) = build_methods(
             [base],
             target if settings.live else replayed(target, recording),
@@ -219,26 +218,6 @@ def recorded_cost(results: dict) -> ForwardCost:
     """The T(n) a replay's results.json was charged ("forward_cost_ms"), as a curve."""
     curve = sorted((int(n), ms / 1000) for n, ms in results["forward_cost_ms"].items())
     return ForwardCost(tuple(s for _, s in curve), tuple(n for n, _ in curve))
-
-
-def learner_settings(method: str, learning: LearnerConfig) -> tuple[str, LearnerConfig]:
-    """'NAME@field=value,...' -> (NAME, learning with those LearnerConfig fields replaced), e.g.
-    evospec:eagle+ogd@schedule=chunk,every=40; a name without '@' keeps learning as it is."""
-    name, _, fields = method.partition("@")
-    if not fields:
-        return name, learning
-    types = {field.name: str(field.type).removesuffix(" | None") for field in dataclasses.fields(LearnerConfig)}
-    values = {}
-    for item in fields.split(","):
-        key, _, value = item.partition("=")
-        if key not in types or types[key] not in ("int", "float", "str", "bool"):
-            settable = [k for k, kind in types.items() if kind in ("int", "float", "str", "bool")]
-            raise EvospecError(f"{method}: LearnerConfig has no setting {key!r}; settable: {', '.join(settable)}")
-        try:
-            values[key] = {"int": int, "float": float, "str": str, "bool": lambda v: v == "true"}[types[key]](value)
-        except ValueError as error:
-            raise EvospecError(f"{method}: {key}={value!r} is not a {types[key]}") from error
-    return name, dataclasses.replace(learning, **values)
 
 
 def _block_label(index: int, size: int, total: int, part: str) -> str:
