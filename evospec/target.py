@@ -97,3 +97,6 @@ class BranchingLM(LanguageModel, Protocol):
 
     def drop(self, branch: Any) -> None:
         """Forget a branch."""
+
+    def adopt(self, branch: Any) -> None:
+        """Take a branch's cells as the cache's own, in place of what it held; the branch is gone."""

@@ -275,7 +275,11 @@ def test_forks_of_a_llamacpp_cache_decode_side_by_side_as_each_would_alone(smoll
     alone.forward(prompt + [prompt[-1]])
     expected = alone.forward([prompt[-5]])[0]
     assert again[0].argmax() == expected.argmax() and torch.allclose(again[0], expected, atol=0.5)
-    for fork in forks:
-        trunk.drop(fork)
+    trunk.drop(forks[1])
+    trunk.adopt(forks[0])  # the trunk goes on from the fork's cells; its sequence is free again
+    assert trunk.length == len(prompt) + 2
+    (after,) = trunk.forward([prompt[-6]])
+    expected = alone.forward([prompt[-6]])[0]
+    assert after.argmax() == expected.argmax() and torch.allclose(after, expected, atol=0.5)
     with pytest.raises(EvospecError, match="every branch"):
         [trunk.fork(1) for _ in range(3)]

@@ -197,8 +197,10 @@ def test_forks_of_a_cache_decode_as_the_cache_would(target):
     alone = CachedLM(target.model)
     alone.forward(prompt + [prompt[-1] + 1])
     torch.testing.assert_close(again, alone.forward([prompt[2]]))
-    for fork in forks:
-        trunk.drop(fork)
+    trunk.drop(forks[1])
+    trunk.adopt(forks[0])  # the trunk goes on from the fork's cells
+    assert trunk.length == len(prompt) + 2
+    torch.testing.assert_close(trunk.forward([prompt[3]]), alone.forward([prompt[3]]))
 
 
 def test_a_fork_verifies_what_its_drafted_step_says_next_and_stays_lossless(target):
@@ -220,6 +222,35 @@ def test_a_fork_verifies_what_its_drafted_step_says_next_and_stays_lossless(targ
         tokens, _ = generate(speculator, prompt)
         assert tokens == reference_greedy(target.model, prompt, MAX_NEW, eos_token_id=eos)
     assert fed and any(size > 1 for sizes in fed for size in sizes)
+
+
+def test_the_trunk_takes_the_cells_of_the_fork_whose_step_it_keeps(target):
+    """Where the target's version of a step replaces the drafted one, the trunk goes on from the
+    fork that wrote it: the next round reads none of the step again (at most its last token)."""
+    drafter_model = tiny_model(seed=1, noise=0.1, base=target.model)
+    config = dataclasses.replace(STEPS, lookahead=3, max_step_tokens=12)
+    speculator = StepSpeculator(target, SmallLMDrafter(CachedLM(drafter_model), "lm:tiny"), Never(), config)
+    trunk = speculator.trunk
+    adopted: list[int] = []  # the trunk's length after an adoption not yet followed by a pass
+    resumed: list[tuple[int, int]] = []  # (that length, the trunk's length at the next pass)
+    adopt, forward = trunk.adopt, trunk.forward
+
+    def adopting(branch):
+        adopt(branch)
+        adopted.append(trunk.length)
+
+    def reading(token_ids, num_logits=0):
+        if adopted:
+            resumed.append((adopted.pop(), trunk.length))
+        return forward(token_ids, num_logits)
+
+    trunk.adopt, trunk.forward = adopting, reading
+    eos = sorted(target.eos_token_ids)
+    for prompt in random_prompts(4, seed=3):
+        adopted.clear()  # a new request reads its prompt
+        tokens, _ = generate(speculator, prompt)
+        assert tokens == reference_greedy(target.model, prompt, MAX_NEW, eos_token_id=eos)
+    assert resumed and all(length - 1 <= cached <= length for length, cached in resumed)
 
 
 def test_lookahead_rounds_are_greedy(target, drafter_model):

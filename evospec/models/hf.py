@@ -114,6 +114,11 @@ class CachedLM:
         """Forget a branch (its cache is freed with it)."""
         branch.reset()
 
+    def adopt(self, branch: CachedLM) -> None:
+        """Take a branch's cache as this one's; the branch starts empty."""
+        self.cache, self.length = branch.cache, branch.length
+        branch.reset()
+
 
 class DenseTokens:
     """The token matrices of a model in memory, indexed in place."""

@@ -282,6 +282,13 @@ class LlamaCppLM:
         self._lib.llama_memory_seq_rm(self._memory, branch.sequence, -1, -1)
         self._free_sequences.append(branch.sequence)
 
+    def adopt(self, branch: Branch) -> None:
+        """Take a branch's cells as the cache's own (shared, not copied); its sequence serves the next fork."""
+        self._lib.llama_memory_seq_rm(self._memory, SEQUENCE, -1, -1)
+        self._lib.llama_memory_seq_cp(self._memory, branch.sequence, SEQUENCE, -1, -1)
+        self.length = branch.length
+        self.drop(branch)
+
     def _decode(self, token_ids: Sequence[int], chunk_size: int, first_output: int) -> None:
         """Feed token_ids in calls of at most chunk_size; positions from first_output on produce outputs."""
         batch = self._batch

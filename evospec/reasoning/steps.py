@@ -83,6 +83,7 @@ class Fork:
     trunk holding `cached` tokens, with tokens so far (the last not yet read), drafting by the step."""
 
     index: int  # the step's place in its round
+    start: int  # where the step begins in the trunk
     branch: Any
     cached: int
     tokens: list[int]
@@ -221,22 +222,39 @@ class StepSpeculator:
                 break
         kept: list[list[int]] = []
         prefix = list(context)
-        for step, written in zip(drafted, self._target_steps(context, drafted, rooms, k, sampler, stats)):
+        written_steps, forks = self._target_steps(context, drafted, rooms, k, sampler, stats)
+        replaced = None  # the step whose target version is kept in its place
+        for index, (step, written) in enumerate(zip(drafted, written_steps)):
             accepted = self._judge(step, written, stats)
             self._teach(prefix, step, written, accepted, stats)
             stands = step.tokens == written.tokens or (accepted and not self.config.follow_target)
             kept.append(step.tokens if stands else written.tokens)
             if not stands:
+                replaced = index
                 break
             prefix += step.tokens
         stats.num_discarded_steps += len(drafted) - len(kept)
+        self._keep_cells(forks, replaced)
         return kept
+
+    def _keep_cells(self, forks: dict[int, Fork], replaced: int | None) -> None:
+        """Drop the round's forks, but where the target's version of a step replaces it, the trunk
+        takes the cells of that version's fork, so the next round does not read the step again."""
+        for index, fork in forks.items():
+            if index != replaced:
+                self.trunk.drop(fork.branch)
+                continue
+            self.trunk.adopt(fork.branch)
+            read = min(fork.cached, fork.start + len(fork.tokens))  # a fork may read past its step's end
+            self.trunk_tokens = self.trunk_tokens[: fork.start] + fork.tokens[: read - fork.start]
+            self.trunk.trim(read)
 
     def _target_steps(
         self, context: list[int], drafted: list[Step], rooms: list[int], k: int, sampler: Sampler, stats: SpecStats
-    ) -> list[Step]:
+    ) -> tuple[list[Step], dict[int, Fork]]:
         """The target's version of each drafted step, from context and the drafted steps before it:
-        one pass over them all, then a fork a step that parts from the target's, decoding together."""
+        one pass over them all, then a fork a step that parts from the target's, decoding together
+        -> the steps, and the forks by step (their branches still held)."""
         start = self.clock()
         trunk = self.trunk
         cached = min(common_prefix_length(self.trunk_tokens, context), len(context) - 1)  # a token left to read
@@ -263,19 +281,21 @@ class StepSpeculator:
                 if ending is None:
                     prediction = PredictionDrafter()
                     prediction.begin([], step.tokens)
-                    forks.append(Fork(index, trunk.fork(offset + agreed), offset + agreed, tokens, room, prediction))
+                    branch = trunk.fork(offset + agreed)
+                    forks.append(Fork(index, offset, branch, offset + agreed, tokens, room, prediction))
             offset += len(step.tokens)
+        every = {fork.index: fork for fork in forks}
         while forks:
             forks = self._fork_round(forks, written, k, sampler, stats)
         stats.target_s += self.clock() - start
-        return written
+        return written, every
 
     def _fork_round(
         self, forks: list[Fork], written: list[Step | None], k: int, sampler: Sampler, stats: SpecStats
     ) -> list[Fork]:
         """One pass of every fork side by side, each verifying up to k tokens of what its drafted step
         says next (a prediction drafter finds its place in the step again after the fork parted from
-        it) -> the forks going on; a fork whose step ends writes it into written and is dropped."""
+        it) -> the forks going on; a fork whose step ends writes it into written and stops."""
         trunk = self.trunk
         attempts = []
         for fork in forks:
@@ -301,7 +321,6 @@ class StepSpeculator:
                 fork.tokens.append(token)
                 if (ending := self._ending(fork.tokens, fork.room)) is not None:
                     written[fork.index] = Step(fork.tokens, ending)
-                    trunk.drop(fork.branch)
                     break
             else:
                 going.append(fork)
