@@ -16,7 +16,8 @@ tokens; where a step parts from the target's, a fork of the target's cache goes 
 the forks decode together (one llama.cpp call over several sequences), each verifying the drafted
 step's later tokens where the target's version finds them again. The steps are judged in order:
 the round keeps drafted steps while they stand and ends with the target's version of the first that
-does not (its later steps came from a prefix no longer kept).
+does not (its later steps came from a prefix no longer kept). The trunk then takes the cells of
+that version's fork, so the next round reads none of it again.
 """
 
 from __future__ import annotations
