@@ -246,6 +246,18 @@ def test_traces_resume_and_a_cut_line_is_dropped(sharp_model_dir, tmp_path, caps
     assert len((out / "answers.jsonl").read_text().splitlines()) == 4
 
 
+def test_traces_resume_from_the_exported_answers_a_commit_holds(sharp_model_dir, tmp_path, capsys):
+    data = prompts_file(tmp_path / "prompts.txt", 4)
+    out, exported = tmp_path / "traces", tmp_path / "exported"
+    collect = ["traces", "collect", "--target", str(sharp_model_dir), "--data", str(data), "--max-new-tokens", "12"]
+    assert run_cli(capsys, *collect, "--n", "2", "--out", str(out), "--export", str(exported))[0] == 0
+    # A fresh clone holds only the exported answers.jsonl.gz and meta.json: the collection goes on from them.
+    assert run_cli(capsys, *collect, "--n", "4", "--out", str(exported))[0] == 0
+    assert run_cli(capsys, *collect, "--n", "4", "--out", str(out))[0] == 0
+    resumed, whole = load_traces(exported), load_traces(out)
+    assert len(resumed.answers) == 4 and resumed.answers == whole.answers
+
+
 def test_replay_command_writes_the_benchmark_shape(sharp_model_dir, tmp_path, capsys):
     data = prompts_file(tmp_path / "prompts.txt", 6)
     traces = tmp_path / "traces"

@@ -230,9 +230,11 @@ def _resumable(directory: Path, meta: dict) -> TraceSet:
 
 
 def _rewrite_whole_lines(directory: Path, answers: list[Answer]) -> None:
-    """answers.jsonl as exactly these answers, so that appending after a cut-short line stays valid JSONL."""
+    """answers.jsonl as exactly these answers, so that appending after a cut-short line stays valid JSONL,
+    and a collection resumed from the committed answers.jsonl.gz alone goes on after all of them."""
     path = directory / "answers.jsonl"
-    if path.is_file() and len(path.read_text().splitlines()) != len(answers):
+    written = len(path.read_text().splitlines()) if path.is_file() else 0
+    if written != len(answers):
         write_atomically(path, "".join(_line(index, answer) for index, answer in enumerate(answers)))
 
 
