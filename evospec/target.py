@@ -85,6 +85,8 @@ class BranchingLM(LanguageModel, Protocol):
     llama.cpp call over several sequences; one forward a branch on hf). A branch is the backend's own
     handle, valid until dropped or until the cache is reset."""
 
+    can_adopt: bool  # whether adopt() may stand in for reading the branch's tokens again, to the last bit
+
     def fork(self, length: int) -> Any:
         """A branch holding the first `length` (>= 1) cached tokens."""
 

@@ -98,6 +98,15 @@ def tiny_drafter(tiny_target) -> LlamaForCausalLM:
     return tiny_model(seed=1, noise=0.3, base=tiny_target)
 
 
+class Never:
+    """A step judge that keeps no drafted step (only identical ones stand)."""
+
+    name = "never"
+
+    def aligned(self, drafted: str, target: str) -> bool:
+        return False
+
+
 def random_prompts(count: int, seed: int = 0) -> list[list[int]]:
     """Prompts of random ids, some with repeats so that prompt lookup finds something."""
     generator = torch.Generator().manual_seed(seed)

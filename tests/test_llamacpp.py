@@ -25,13 +25,17 @@ from evospec.engine import Engine
 from evospec.errors import EvospecError
 from evospec.generation import TextGenerator, build_engine, encode_prompt
 from evospec.models.backend import LoadedModel
+from evospec.models.hf import CachedLM
 from evospec.models.llamacpp import LlamaCppModel
 from evospec.models.loading import load_model
 from evospec.models.replay import Recording
+from evospec.reasoning import StepConfig, StepSpeculator
 from evospec.rescore import greedy_gaps
 from evospec.stats import SpecStats
 from evospec.types import Verdict
 from evospec.verify import verify
+
+from conftest import Never
 
 pytestmark = pytest.mark.slow
 
@@ -251,6 +255,51 @@ def test_a_collection_keeps_each_positions_own_hidden_state(smollm, tmp_path):
         made = recording.rows_of(index, hidden=True).hidden
         assert kept.shape == made.shape == (len(answer.tokens), smollm.hidden_size)
         assert torch.nn.functional.cosine_similarity(kept, made).min() > 0.98
+
+
+def test_exact_forks_decode_side_by_side_as_one_token_steps(exact_smollm):
+    """Exact mode: forks fed more tokens together than one-token kernels take at once still compute
+    every row as a one-token step on a context of its own computes it, bit for bit."""
+    prompt = exact_smollm.tokenizer.encode(PROMPTS[0])
+    trunk = exact_smollm.new_lm(branches=2)
+    trunk.forward(prompt)
+    lengths, fed = [len(prompt), len(prompt) - 3], [[prompt[-1], prompt[-2], prompt[-3]], prompt[-3:]]
+    forks = [trunk.fork(length) for length in lengths]
+    together = trunk.forward_branches(forks, fed)
+    for length, tokens, logits in zip(lengths, fed, together):
+        alone = exact_smollm.new_lm()
+        alone.forward(prompt[:length])
+        assert torch.equal(logits, torch.cat([alone.forward([token]).clone() for token in tokens]))
+
+
+def test_exact_lookahead_rounds_following_the_target_are_plain_decoding(exact_smollm):
+    """Exact mode with Lookahead Reasoning's rounds: the trunk's pass over the drafted steps, the forks'
+    side-by-side calls and the kept steps read again are each computed as one-token steps, so following
+    the target gives plain decoding token for token. The drafter, the real model with its weights
+    perturbed, parts from the target within most steps, so that forks write them. (Adopting a fork's
+    cells instead of reading its step again parts from plain decoding within 64 tokens here.)"""
+    drafter = load_model("smollm2-135m-instruct", "hf", LoadConfig(dtype="fp32")).model
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for weight in drafter.parameters():
+            weight.add_(0.05 * weight.std() * torch.randn(weight.shape, generator=generator))
+    config = StepConfig(follow_target=True, lookahead=3, max_step_tokens=8)
+    speculator = StepSpeculator(exact_smollm, SmallLMDrafter(CachedLM(drafter), "perturbed"), Never(), config)
+    fork_calls = []
+    forward_branches = speculator.trunk.forward_branches
+
+    def counted(branches, token_ids):
+        fork_calls.append(len(branches))
+        return forward_branches(branches, token_ids)
+
+    speculator.trunk.forward_branches = counted
+    plain = build_engine(exact_smollm, [])
+    config = GenerationConfig(max_new_tokens=2 * MAX_NEW)
+    for prompt in [*PROMPTS, "Explain why the sky is blue in three sentences."]:
+        prompt_ids = encode_prompt(exact_smollm, prompt, chat=True)
+        expected = list(plain.generate(prompt_ids, config, SpecStats()))
+        assert list(speculator.generate(prompt_ids, config, SpecStats())) == expected, prompt
+    assert len(fork_calls) >= len(PROMPTS) and max(fork_calls) > 1  # forks, several side by side
 
 
 def test_forks_of_a_llamacpp_cache_decode_side_by_side_as_each_would_alone(smollm):

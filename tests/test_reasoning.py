@@ -25,6 +25,7 @@ from evospec.stats import SpecStats
 from evospec.types import JudgedStep
 
 from conftest import (
+    Never,
     adapted_lm,
     load_script,
     random_prompts,
@@ -37,15 +38,6 @@ from conftest import (
 DELIMITER = "w10"  # a word of the tiny vocabulary that no other word contains
 STEPS = StepConfig(delimiter=DELIMITER, max_step_tokens=6)
 MAX_NEW = 30
-
-
-class Never:
-    """A judge that keeps no drafted step (only identical ones stand)."""
-
-    name = "never"
-
-    def aligned(self, drafted: str, target: str) -> bool:
-        return False
 
 
 class Always:

@@ -37,6 +37,8 @@ class CachedLM:
     which is how a rejected draft is forgotten.
     """
 
+    can_adopt = True  # a cache's tensors hold its tokens in order, whoever wrote them (BranchingLM)
+
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self.cache = DynamicCache(config=model.config)

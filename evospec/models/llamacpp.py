@@ -12,8 +12,10 @@ matmul computes up to 3 rows with the one-token kernel and 4 or more with a bloc
 differently, and past 256 cached tokens a one-token step sums attention in another order. So a
 verification's rows may differ from one-token steps in the last bits, and near-ties can part; the
 emitted tokens are still the target's own choice in the pass that verified them, as in llama.cpp's
-and vLLM's speculative decoding. `exact_verify` cuts verifications into calls of at most `exact_rows`
-instead, so that each row is computed by the one-token kernel, as plain decoding computes it.
+and vLLM's speculative decoding. `exact_verify` cuts verifications (and forks' side-by-side calls)
+into calls of at most `exact_rows` instead, so that each row is computed by the one-token kernel, as
+plain decoding computes it. Attention also sums the cache's cells in their order in the cache, so
+exact mode never adopts a fork's cells, which lie after cells the cache has freed (`can_adopt`).
 """
 
 from __future__ import annotations
@@ -142,6 +144,9 @@ class LlamaCppLM:
         self.length = 0
         self._last_call_tokens = 0  # tokens in the last llama_decode call (its outputs are found by batch index)
         self._free_sequences = list(range(branches, SEQUENCE, -1))  # popped lowest first
+        # An adopted branch's cells sit after those the cache freed, which its next tokens fill first, and
+        # attention sums cells in their order: exact verification reads a branch's tokens again instead.
+        self.can_adopt = not model.config.exact_verify
 
     def reset(self) -> None:
         """Forget every cached token."""
@@ -248,28 +253,40 @@ class LlamaCppLM:
         return branch
 
     def forward_branches(self, branches: Sequence[Branch], token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """Append token_ids[i] to branches[i], all in one call -> logits [len(token_ids[i]), V] a
-        branch, views of llama.cpp's output buffer (use them before the next forward)."""
+        """Append token_ids[i] to branches[i], all in one call (in calls of at most `exact_rows` with
+        exact_verify) -> logits [len(token_ids[i]), V] a branch, views of llama.cpp's output buffer
+        when one call sufficed (use them before the next forward)."""
         sizes = [len(tokens) for tokens in token_ids]
         if sum(sizes) > self.model.config.batch_size:
             raise EvospecError(f"{sum(sizes)} branch tokens do not fit one call of {self.model.config.batch_size}")
+        fed = [(branch, token) for branch, tokens in zip(branches, token_ids, strict=True) for token in tokens]
+        config = self.model.config
+        chunk = config.exact_rows if config.exact_verify else len(fed)
+        calls = range(0, len(fed), chunk)
+        parts = []
+        for start in calls:
+            self._decode_branches(fed[start : start + chunk])
+            logits = self._outputs(self._last_call_tokens, hidden=False)[0]
+            parts.append(logits if len(calls) == 1 else logits.clone())  # the next call overwrites the buffer
+        return list((parts[0] if len(parts) == 1 else torch.cat(parts)).split(sizes))
+
+    def _decode_branches(self, fed: Sequence[tuple[Branch, int]]) -> None:
+        """One llama_decode call of (branch, token) pairs, each token at its branch's next position."""
         batch = self._batch
-        batch.n_tokens = sum(sizes)
-        i = 0
-        for branch, tokens in zip(branches, token_ids, strict=True):
-            for token in tokens:
-                batch.token[i] = token
-                batch.pos[i] = branch.length
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = branch.sequence
-                batch.logits[i] = True
-                branch.length += 1
-                i += 1
+        batch.n_tokens = len(fed)
+        for i, (branch, token) in enumerate(fed):
+            batch.token[i] = token
+            batch.pos[i] = branch.length
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = branch.sequence
+            batch.logits[i] = True
+            branch.length += 1
         status = self._lib.llama_decode(self.handle, batch)
         if status != 0:
-            raise EvospecError(f"llama_decode of {len(branches)} branches failed with status {status}")
-        self._last_call_tokens = i
-        return list(self._outputs(i, hidden=False)[0].split(sizes))
+            raise EvospecError(
+                f"llama_decode of {len({id(branch) for branch, _ in fed})} branches failed with status {status}"
+            )
+        self._last_call_tokens = len(fed)
 
     def trim_branch(self, branch: Branch, length: int) -> None:
         """Keep a branch's first `length` tokens."""

@@ -240,9 +240,10 @@ class StepSpeculator:
 
     def _keep_cells(self, forks: dict[int, Fork], replaced: int | None) -> None:
         """Drop the round's forks, but where the target's version of a step replaces it, the trunk
-        takes the cells of that version's fork, so the next round does not read the step again."""
+        takes the cells of that version's fork where it can, so the next round does not read the step
+        again."""
         for index, fork in forks.items():
-            if index != replaced:
+            if index != replaced or not self.trunk.can_adopt:
                 self.trunk.drop(fork.branch)
                 continue
             self.trunk.adopt(fork.branch)
