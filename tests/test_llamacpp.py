@@ -283,8 +283,8 @@ def test_exact_lookahead_rounds_following_the_target_are_plain_decoding(exact_sm
     with torch.no_grad():
         for weight in drafter.parameters():
             weight.add_(0.05 * weight.std() * torch.randn(weight.shape, generator=generator))
-    config = StepConfig(follow_target=True, lookahead=3, max_step_tokens=8)
-    speculator = StepSpeculator(exact_smollm, SmallLMDrafter(CachedLM(drafter), "perturbed"), Never(), config)
+    steps = StepConfig(follow_target=True, lookahead=3, max_step_tokens=8)
+    speculator = StepSpeculator(exact_smollm, SmallLMDrafter(CachedLM(drafter), "perturbed"), Never(), steps)
     fork_calls = []
     forward_branches = speculator.trunk.forward_branches
 

@@ -256,19 +256,20 @@ class LlamaCppLM:
         """Append token_ids[i] to branches[i], all in one call (in calls of at most `exact_rows` with
         exact_verify) -> logits [len(token_ids[i]), V] a branch, views of llama.cpp's output buffer
         when one call sufficed (use them before the next forward)."""
-        sizes = [len(tokens) for tokens in token_ids]
-        if sum(sizes) > self.model.config.batch_size:
-            raise EvospecError(f"{sum(sizes)} branch tokens do not fit one call of {self.model.config.batch_size}")
-        fed = [(branch, token) for branch, tokens in zip(branches, token_ids, strict=True) for token in tokens]
         config = self.model.config
+        sizes = [len(tokens) for tokens in token_ids]
+        if sum(sizes) > config.batch_size:
+            raise EvospecError(f"{sum(sizes)} branch tokens do not fit one call of {config.batch_size}")
+        fed = [(branch, token) for branch, tokens in zip(branches, token_ids, strict=True) for token in tokens]
         chunk = config.exact_rows if config.exact_verify else len(fed)
-        calls = range(0, len(fed), chunk)
+        if len(fed) <= chunk:
+            self._decode_branches(fed)
+            return list(self._outputs(len(fed), hidden=False)[0].split(sizes))
         parts = []
-        for start in calls:
+        for start in range(0, len(fed), chunk):
             self._decode_branches(fed[start : start + chunk])
-            logits = self._outputs(self._last_call_tokens, hidden=False)[0]
-            parts.append(logits if len(calls) == 1 else logits.clone())  # the next call overwrites the buffer
-        return list((parts[0] if len(parts) == 1 else torch.cat(parts)).split(sizes))
+            parts.append(self._outputs(self._last_call_tokens, hidden=False)[0].clone())  # the next call overwrites it
+        return list(torch.cat(parts).split(sizes))
 
     def _decode_branches(self, fed: Sequence[tuple[Branch, int]]) -> None:
         """One llama_decode call of (branch, token) pairs, each token at its branch's next position."""
@@ -283,9 +284,7 @@ class LlamaCppLM:
             branch.length += 1
         status = self._lib.llama_decode(self.handle, batch)
         if status != 0:
-            raise EvospecError(
-                f"llama_decode of {len({id(branch) for branch, _ in fed})} branches failed with status {status}"
-            )
+            raise EvospecError(f"llama_decode of {len(fed)} branch tokens failed with status {status}")
         self._last_call_tokens = len(fed)
 
     def trim_branch(self, branch: Branch, length: int) -> None:
