@@ -675,7 +675,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replay.add_argument("--block-size", type=int, default=100, help="requests per block of per_block and the plot")
     replay.add_argument("--k", type=int, default=DEFAULTS.num_speculative_tokens, help="draft length per round")
-    replay.add_argument("--draft-model", help="a small LM for evospec:MODEL and the selectors' small-LM arm")
+    replay.add_argument(
+        "--draft-model",
+        help="a small LM for evospec:MODEL, the selectors' small-LM arm and evospec:lora:MODEL[+LEARNER]",
+    )
     replay.add_argument(
         "--white-box", metavar="CHECKPOINT", help="an eagle or hydra checkpoint (evospec train-drafter)"
     )

@@ -201,4 +201,5 @@ def test_every_suite_method_and_its_adaptive_variants_are_known_before_loading()
         known
     )
     assert {"select:ucb-speed/k=auto", "select:ucb-bd/k=auto", f"evospec:{SMOL}/k=auto"} <= set(known)
+    assert {f"evospec:lora:{SMOL}", f"evospec:lora:{SMOL}+ogd/k=auto"} <= set(known)  # OSD
     assert "evospec:eagle/k=auto" not in known  # no white-box checkpoint given

@@ -306,6 +306,40 @@ def test_replay_command_writes_the_benchmark_shape(sharp_model_dir, tmp_path, ca
         assert projected_speed(fields, slower) == pytest.approx(twice, rel=1e-6)
 
 
+def test_a_replay_runs_the_small_lm_with_adapters_frozen_and_learning(sharp_model_dir, sharp_target, tmp_path, capsys):
+    """OSD as a replay method: evospec:lora:<model> drafts what the plain small LM drafts (its adapters
+    start at zero), and evospec:lora:<model>+ogd learns from the replayed rows and still emits the
+    recorded answers (the replay checks every request)."""
+    data = prompts_file(tmp_path / "prompts.txt", 6)
+    traces = tmp_path / "traces"
+    collect = ["traces", "collect", "--target", str(sharp_model_dir), "--data", str(data), "--n", "6"]
+    assert run_cli(capsys, *collect, "--max-new-tokens", "24", "--out", str(traces), "--dtype", "fp32")[0] == 0
+    draft = tmp_path / "draft"
+    tiny_model(seed=1, noise=0.3, base=sharp_target.model).save_pretrained(draft)
+    tiny_word_tokenizer().save_pretrained(draft)
+    methods = [f"evospec:{draft}", f"evospec:lora:{draft}", f"evospec:lora:{draft}+ogd@schedule=request,lr=0.05"]
+    out = tmp_path / "replay"
+    status, _, err = run_cli(
+        capsys,
+        "replay",
+        "--traces",
+        f"tiny={traces}",
+        "--draft-model",
+        str(draft),
+        *(option for method in methods for option in ("--method", method)),
+        "--k",
+        "4",
+        "--out",
+        str(out),
+    )
+    assert status == 0, err
+    results = json.loads((out / "results.json").read_text())
+    plain_lm, frozen, learning = (results["methods"][name] for name in methods)
+    assert frozen["rounds"] == plain_lm["rounds"] and frozen["tau"] > 1.0
+    (report,) = results["learners"][methods[2]]
+    assert report["steps"] >= 5  # a step after each request but the last
+
+
 def test_a_method_name_sets_learner_fields_optional_ones_included():
     name, learning = method_settings("evospec:eagle+adamw@lr=3e-4,epochs=2,prompt_rows=0", LearnerConfig())
     assert name == "evospec:eagle+adamw"

@@ -4,7 +4,8 @@ Method names follow the project's benchmark convention: hf-plain, hf-assisted:<d
 llamacpp-plain, llamacpp-lookup (llama.cpp backend), evospec-plain, evospec:<drafter>,
 select:<selector> (either), evospec:<kind> and evospec:<kind>+<learner> for a white-box drafter
 (eagle or hydra, from one checkpoint) frozen or learning, select:<selector>+<learner> with that
-drafter among the arms, learning; a /k=auto suffix marks the adaptive draft length.
+drafter among the arms, learning, evospec:lora:<model>[+<learner>] for the small LM with adapters
+(OSD); a /k=auto suffix marks the adaptive draft length.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import Protocol
 import torch
 
 from evospec.bench import SUITES
-from evospec.config import GenerationConfig
+from evospec.config import DTYPES, GenerationConfig, LoadConfig
 from evospec.drafters import Drafter, NgramDrafter, PredictionDrafter, SmallLMDrafter, SuffixDrafter
-from evospec.drafters.registry import new_white_box_drafter
+from evospec.drafters.registry import build_drafter, new_white_box_drafter
 from evospec.drafters.whitebox import checkpoint_kind
 from evospec.engine import Engine
 from evospec.errors import EvospecError
@@ -175,7 +176,8 @@ def build_methods(
     over all of them (the small LM only when draft_model is given, the white-box checkpoint's drafter
     when there is one, learning with select:<selector>+<learner>, the prediction drafter only when
     the prompts carry predictions), the white-box checkpoint's drafter frozen and with each learner
-    (each method its own copy), and the baselines of the target's backend."""
+    (each method its own copy), the small LM with adapters frozen and with each learner
+    (evospec:lora:<model>[+<learner>], when draft_model is given), and the baselines of the target's backend."""
 
     def engine(
         drafters: list[Drafter], adaptive: bool = False, selector: str | None = None, learner: str | None = None
@@ -231,6 +233,16 @@ def build_methods(
         for suffix in ("", ADAPTIVE):
             name = f"evospec:{draft_model.name}{suffix}"
             builders[name] = lambda name=name, adaptive=bool(suffix): EvospecMethod(name, engine(small_lm(), adaptive))
+        # OSD: the small LM with adapters, frozen (adapters at zero, on the hf kernels the learners
+        # train) and learning; each method loads its own copy, since the adapters go into the model.
+        adapted = f"lora:{draft_model.name}"
+        dtype = draft_model.weights_format if draft_model.weights_format in DTYPES else None  # as loaded here
+        for learner in (None, *LEARNERS):
+            for suffix in ("", ADAPTIVE):
+                name = f"evospec:{adapted}{'+' + learner if learner else ''}{suffix}"
+                builders[name] = lambda name=name, learner=learner, adaptive=bool(suffix): EvospecMethod(
+                    name, engine([build_drafter(adapted, target, LoadConfig(dtype))], adaptive, learner=learner)
+                )
     check_method_names(names, list(builders))
     return [builders[name]() for name in names]
 
@@ -267,10 +279,12 @@ def check_method_names(names: list[str], known: list[str]) -> None:
 
 
 def all_method_names(draft_model_name: str, backend: str, white_box: Path | None = None) -> list[str]:
-    """Every method build_methods can make for these models: the suites' methods, and each
-    selector's and white-box method's variant with the adaptive draft length."""
+    """Every method build_methods can make for these models: the suites' methods, the small LM with
+    adapters frozen and with each learner, and each selector's and drafter's variant with the adaptive
+    draft length."""
     suites = ["engine", "selection", "edit", *(["learning"] if white_box is not None else [])]
     names = [name for suite in suites for name in method_names(draft_model_name, backend, suite, white_box)]
+    names += [f"evospec:lora:{draft_model_name}{'+' + learner if learner else ''}" for learner in (None, *LEARNERS)]
     adaptive = [
         f"{name}{ADAPTIVE}" for name in names if name.startswith(("evospec:", "select:")) and ADAPTIVE not in name
     ]

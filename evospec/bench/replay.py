@@ -46,7 +46,7 @@ class ReplaySettings:
     num_speculative_tokens: int
     out_dir: Path
     command: str  # recorded with the results
-    draft_model: str | None = None  # a small LM for evospec:<model> and the selectors' small-LM arm
+    draft_model: str | None = None  # a small LM: evospec:<model>, the selectors' small-LM arm, evospec:lora:<model>
     white_box: Path | None = None  # an eagle or hydra checkpoint: evospec:<kind>[+<learner>] methods
     learning: LearnerConfig = LearnerConfig()
     live: bool = False  # run the methods on the real target instead (a live check of the replay's numbers)
