@@ -290,6 +290,8 @@ def test_replay_command_writes_the_benchmark_shape(sharp_model_dir, tmp_path, ca
     plain = results["methods"]["evospec-plain"]
     assert plain["tau"] == 1.0 and len(plain["per_block"]) == 3
     assert results["methods"]["evospec:ngram"]["rounds"] <= plain["rounds"]
+    kept = results["methods"]["evospec:ngram"]["accepted_per_position"]  # a round keeping token j kept those before it
+    assert 0 < len(kept) <= 4 and kept == sorted(kept, reverse=True) and kept[0] > 0
     assert (out / "blocks.png").is_file() and (out / "results.md").is_file()
     # Every method's passes are recorded, so any T(n) can be charged afterwards: the recorded curve
     # gives back the run's projection, and a curve twice as slow charges the target's seconds twice.

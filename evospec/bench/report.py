@@ -24,6 +24,7 @@ def aggregate(runs: Sequence[SpecStats]) -> dict[str, Any]:
         "tau": total.tau,
         "acceptance_rate": total.acceptance_rate,
         "rounds": total.num_verifications,
+        "accepted_per_position": list(total.num_accepted_tokens_per_pos),  # [j]: rounds whose j-th draft token was kept
         "new_tokens": total.new_tokens,
         "wall_s": total.wall_s,
         "prefill_s": total.prefill_s,
