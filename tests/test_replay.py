@@ -229,6 +229,18 @@ def prompts_file(path: Path, count: int) -> Path:
     return path
 
 
+def collected_traces(capsys, model_dir: Path, tmp_path: Path, count: int, max_new_tokens: int) -> Path:
+    """`evospec traces collect` of count prompts from model_dir in fp32, into tmp_path / "traces"."""
+    data = prompts_file(tmp_path / "prompts.txt", count)
+    traces = tmp_path / "traces"
+    collect = ["traces", "collect", "--target", str(model_dir), "--data", str(data), "--n", str(count)]
+    assert (
+        run_cli(capsys, *collect, "--max-new-tokens", str(max_new_tokens), "--out", str(traces), "--dtype", "fp32")[0]
+        == 0
+    )
+    return traces
+
+
 def test_traces_resume_and_a_cut_line_is_dropped(sharp_model_dir, tmp_path, capsys):
     data = prompts_file(tmp_path / "prompts.txt", 4)
     out = tmp_path / "traces"
@@ -259,10 +271,7 @@ def test_traces_resume_from_the_exported_answers_a_commit_holds(sharp_model_dir,
 
 
 def test_replay_command_writes_the_benchmark_shape(sharp_model_dir, tmp_path, capsys):
-    data = prompts_file(tmp_path / "prompts.txt", 6)
-    traces = tmp_path / "traces"
-    collect = ["traces", "collect", "--target", str(sharp_model_dir), "--data", str(data), "--n", "6"]
-    assert run_cli(capsys, *collect, "--max-new-tokens", "16", "--out", str(traces), "--dtype", "fp32")[0] == 0
+    traces = collected_traces(capsys, sharp_model_dir, tmp_path, 6, max_new_tokens=16)
     out = tmp_path / "replay"
     status, _, err = run_cli(
         capsys,
@@ -312,10 +321,7 @@ def test_a_replay_runs_the_small_lm_with_adapters_frozen_and_learning(sharp_mode
     """OSD as a replay method: evospec:lora:<model> drafts what the plain small LM drafts (its adapters
     start at zero), and evospec:lora:<model>+ogd learns from the replayed rows and still emits the
     recorded answers (the replay checks every request)."""
-    data = prompts_file(tmp_path / "prompts.txt", 6)
-    traces = tmp_path / "traces"
-    collect = ["traces", "collect", "--target", str(sharp_model_dir), "--data", str(data), "--n", "6"]
-    assert run_cli(capsys, *collect, "--max-new-tokens", "24", "--out", str(traces), "--dtype", "fp32")[0] == 0
+    traces = collected_traces(capsys, sharp_model_dir, tmp_path, 6, max_new_tokens=24)
     draft = tmp_path / "draft"
     tiny_model(seed=1, noise=0.3, base=sharp_target.model).save_pretrained(draft)
     tiny_word_tokenizer().save_pretrained(draft)
@@ -365,10 +371,7 @@ def test_a_method_name_sets_learner_fields_optional_ones_included():
     ],
 )
 def test_bad_replay_options_are_clear_errors(sharp_model_dir, tmp_path, capsys, options, message):
-    data = prompts_file(tmp_path / "prompts.txt", 2)
-    traces = tmp_path / "traces"
-    collect = ["traces", "collect", "--target", str(sharp_model_dir), "--data", str(data), "--n", "2"]
-    assert run_cli(capsys, *collect, "--max-new-tokens", "8", "--out", str(traces), "--dtype", "fp32")[0] == 0
+    traces = collected_traces(capsys, sharp_model_dir, tmp_path, 2, max_new_tokens=8)
     base = ["replay", "--traces", f"tiny={traces}", "--method", "evospec-plain", "--out", str(tmp_path / "o")]
     status, _, err = run_cli(capsys, *base, *options)
     assert status == 2 and message in err
@@ -413,10 +416,7 @@ def test_collect_refuses_more_prompts_than_the_data_holds(sharp_target, tmp_path
 def test_train_drafter_warms_up_on_a_trace_sets_answers_and_rows(sharp_model_dir, sharp_target, tmp_path, capsys):
     """OnlineSPEC's warm start on the first samples of a stream: the recorded answers, not new ones, and
     the rows the collection kept, not new passes; a missing rows file is made and kept where replay reads it."""
-    data = prompts_file(tmp_path / "prompts.txt", 4)
-    traces = tmp_path / "traces"
-    collect = ["traces", "collect", "--target", str(sharp_model_dir), "--data", str(data), "--n", "4"]
-    assert run_cli(capsys, *collect, "--max-new-tokens", "12", "--out", str(traces), "--dtype", "fp32")[0] == 0
+    traces = collected_traces(capsys, sharp_model_dir, tmp_path, 4, max_new_tokens=12)
     recorded = load_traces(traces)
     recorded.rows_path(2).unlink()
     train = ["train-drafter", "--target", str(sharp_model_dir), "--kind", "eagle", "--data", str(traces)]
