@@ -362,6 +362,7 @@ def test_a_method_name_sets_learner_fields_optional_ones_included():
         (["--stream", "other"], "NAME one of tiny"),
         (["--profile", "tpu-v9"], "unknown cost profile"),
         (["--method", "llamacpp-plain"], "unknown bench method"),
+        (["--method", "evospec:lora:tiny+ogd"], "unknown bench method"),  # no --draft-model
         (["--method", "evospec:ngram@every=often"], "is not a int"),
         (["--method", "evospec:ngram@rate=2"], "LearnerConfig has no setting 'rate'"),
         (["--method", "evospec:ngram@restart_each_chunk=yes"], "is not a bool (true or false)"),
