@@ -234,10 +234,10 @@ def collected_traces(capsys, model_dir: Path, tmp_path: Path, count: int, max_ne
     data = prompts_file(tmp_path / "prompts.txt", count)
     traces = tmp_path / "traces"
     collect = ["traces", "collect", "--target", str(model_dir), "--data", str(data), "--n", str(count)]
-    assert (
-        run_cli(capsys, *collect, "--max-new-tokens", str(max_new_tokens), "--out", str(traces), "--dtype", "fp32")[0]
-        == 0
+    status, _, _ = run_cli(
+        capsys, *collect, "--max-new-tokens", str(max_new_tokens), "--out", str(traces), "--dtype", "fp32"
     )
+    assert status == 0
     return traces
 
 
